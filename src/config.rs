@@ -1,0 +1,508 @@
+//! Settings: `config/default.toml` < `--config FILE` < `DEDUCTOR_*` env < flags.
+//!
+//! Every layer is merged by figment, then [`Settings::validate`] checks what
+//! types cannot: a bad value is reported with its key and how to fix it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The compiled-in defaults: the first layer, and the documentation of every key.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+const ENV_PREFIX: &str = "DEDUCTOR_";
+const SECTIONS: [&str; 6] = ["kafka", "redis", "pipeline", "retry", "http", "log"];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub redis: RedisSettings,
+    pub pipeline: PipelineSettings,
+    pub retry: RetrySettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub group_id: String,
+    pub input_topic: String,
+    pub outcome_topic: String,
+    pub dlq_topic: String,
+    pub group_instance_id: String,
+    pub produce_timeout_ms: u64,
+    /// librdkafka properties for the consumer (SASL, TLS, tuning).
+    pub consumer: BTreeMap<String, String>,
+    /// librdkafka properties for the producer.
+    pub producer: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    pub username: String,
+    pub password: String,
+    pub pool_size: usize,
+    pub command_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub key_prefix: String,
+    pub record_ttl_secs: u64,
+    pub refund_ttl_secs: u64,
+    pub slow_script_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    pub max_in_flight_per_partition: usize,
+    pub max_in_flight: usize,
+    pub commit_interval_ms: u64,
+    pub drain_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    pub initial_interval_ms: u64,
+    pub max_interval_ms: u64,
+    pub multiplier: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub listen: String,
+    pub stall_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+/// A configuration error: names the key and says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(String),
+    #[error("config key {key}: {problem}; {fix}")]
+    Invalid {
+        key: &'static str,
+        problem: String,
+        fix: &'static str,
+    },
+}
+
+/// Librdkafka properties whose values are secrets: never printed.
+const SECRET_PROPERTIES: [&str; 4] = [
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "sasl.oauthbearer.client.secret",
+];
+
+/// True when a librdkafka property holds a secret.
+pub fn is_secret_property(name: &str) -> bool {
+    SECRET_PROPERTIES.contains(&name) || name.ends_with(".pem") && name.contains("key")
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("username", &self.username)
+            .field("password", &if self.password.is_empty() { "" } else { "***" })
+            .field("pool_size", &self.pool_size)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("key_prefix", &self.key_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `redis://user:secret@host` -> `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((auth, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
+    }
+}
+
+impl Settings {
+    /// Merges every layer. `file` is an optional config file; `overrides`
+    /// are `section.key=value` pairs from the command line.
+    pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<Settings, ConfigError> {
+        Settings::load_from_env(file, overrides, std::env::vars())
+    }
+
+    /// [`Settings::load`] with an explicit environment, for tests.
+    pub fn load_from_env(
+        file: Option<&Path>,
+        overrides: &[(String, String)],
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let mut fig = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist; pass an existing file to --config or DEDUCTOR_CONFIG",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        fig = fig.merge(env_provider(&env));
+        // librdkafka pass-through from the environment: the property names
+        // contain dots, which figment would read as nesting, so they are
+        // merged as whole keys here.
+        for (name, value) in &env {
+            for client in ["consumer", "producer"] {
+                let prefix = format!("{ENV_PREFIX}KAFKA_{}_", client.to_uppercase());
+                if let Some(prop) = name.strip_prefix(&prefix) {
+                    let prop = prop.to_lowercase().replace('_', ".");
+                    fig = fig.merge(Serialized::default(
+                        "kafka",
+                        serde_json::json!({ client: { prop: value } }),
+                    ));
+                }
+            }
+        }
+        for (key, value) in overrides {
+            fig = fig.merge(override_provider(key, value)?);
+        }
+        let settings: Settings = fig.extract().map_err(|e| ConfigError::Load(one_line(&e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what the types cannot; names the key and the fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn bad(key: &'static str, problem: impl Into<String>, fix: &'static str) -> ConfigError {
+            ConfigError::Invalid {
+                key,
+                problem: problem.into(),
+                fix,
+            }
+        }
+        let k = &self.kafka;
+        if k.brokers.trim().is_empty() {
+            return Err(bad("kafka.brokers", "is empty", "set it to host:port[,host:port]"));
+        }
+        for (key, topic) in [
+            ("kafka.input_topic", &k.input_topic),
+            ("kafka.outcome_topic", &k.outcome_topic),
+            ("kafka.dlq_topic", &k.dlq_topic),
+        ] {
+            if topic.is_empty()
+                || topic.len() > 249
+                || !topic
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            {
+                return Err(bad(
+                    key,
+                    format!("{topic:?} is not a valid topic name"),
+                    "use 1 to 249 characters of A-Z a-z 0-9 . _ -",
+                ));
+            }
+        }
+        if k.input_topic == k.outcome_topic || k.input_topic == k.dlq_topic {
+            return Err(bad(
+                "kafka.outcome_topic",
+                "the outcome or dead-letter topic equals the input topic",
+                "give each of input_topic, outcome_topic and dlq_topic its own topic",
+            ));
+        }
+        if k.group_id.trim().is_empty() {
+            return Err(bad("kafka.group_id", "is empty", "name the consumer group, e.g. deductor"));
+        }
+        if k.produce_timeout_ms == 0 {
+            return Err(bad("kafka.produce_timeout_ms", "is 0", "use a positive number of milliseconds, e.g. 30000"));
+        }
+        let r = &self.redis;
+        if !["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"]
+            .iter()
+            .any(|s| r.url.starts_with(s))
+        {
+            return Err(bad(
+                "redis.url",
+                format!("{:?} is not a Redis url", redact_url(&r.url)),
+                "use redis://host:port, rediss://host:port or redis-cluster://host:port?node=host:port",
+            ));
+        }
+        if r.pool_size == 0 || r.pool_size > 64 {
+            return Err(bad("redis.pool_size", format!("{} is out of range", r.pool_size), "use 1 to 64"));
+        }
+        if r.command_timeout_ms == 0 {
+            return Err(bad(
+                "redis.command_timeout_ms",
+                "is 0 (no timeout: a lost reply would hang the partition)",
+                "use a positive number of milliseconds, e.g. 2000",
+            ));
+        }
+        if r.connect_timeout_ms == 0 {
+            return Err(bad("redis.connect_timeout_ms", "is 0", "use a positive number of milliseconds, e.g. 2000"));
+        }
+        if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
+            return Err(bad(
+                "redis.key_prefix",
+                format!("{:?} is empty or contains {{, }} or a space", r.key_prefix),
+                "use a plain word such as promo",
+            ));
+        }
+        if r.record_ttl_secs < r.refund_ttl_secs || r.record_ttl_secs == 0 {
+            return Err(bad(
+                "redis.record_ttl_secs",
+                format!(
+                    "{} is shorter than redis.refund_ttl_secs ({}) or 0",
+                    r.record_ttl_secs, r.refund_ttl_secs
+                ),
+                "records must outlive the refund window: raise record_ttl_secs (default 2592000 = 30 days)",
+            ));
+        }
+        if r.refund_ttl_secs == 0 {
+            return Err(bad("redis.refund_ttl_secs", "is 0", "use a positive number of seconds, e.g. 604800"));
+        }
+        let p = &self.pipeline;
+        if p.max_in_flight_per_partition == 0 {
+            return Err(bad("pipeline.max_in_flight_per_partition", "is 0", "use 1 or more"));
+        }
+        if p.max_in_flight < p.max_in_flight_per_partition {
+            return Err(bad(
+                "pipeline.max_in_flight",
+                format!(
+                    "{} is below pipeline.max_in_flight_per_partition ({})",
+                    p.max_in_flight, p.max_in_flight_per_partition
+                ),
+                "make it at least max_in_flight_per_partition",
+            ));
+        }
+        if p.commit_interval_ms == 0 {
+            return Err(bad("pipeline.commit_interval_ms", "is 0", "use a positive number of milliseconds, e.g. 1000"));
+        }
+        let t = &self.retry;
+        if t.initial_interval_ms == 0 || t.max_interval_ms < t.initial_interval_ms {
+            return Err(bad(
+                "retry.max_interval_ms",
+                "is below retry.initial_interval_ms, or initial_interval_ms is 0",
+                "use 0 < initial_interval_ms <= max_interval_ms",
+            ));
+        }
+        if !(t.multiplier >= 1.0 && t.multiplier <= 10.0) {
+            return Err(bad("retry.multiplier", format!("{} is out of range", t.multiplier), "use 1.0 to 10.0"));
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(bad(
+                "http.listen",
+                format!("{:?} is not an address", self.http.listen),
+                "use ip:port such as 0.0.0.0:9464, or empty to disable",
+            ));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(bad("log.level", format!("{:?} is not a filter", self.log.level), "use e.g. info or deductor=debug"));
+        }
+        Ok(())
+    }
+
+    pub fn command_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis.command_timeout_ms)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.pipeline.drain_timeout_secs)
+    }
+}
+
+/// `DEDUCTOR_REDIS_KEY_PREFIX` -> `redis.key_prefix`: the first word after the
+/// prefix names the section, the rest is the key. Variables of no known
+/// section (DEDUCTOR_CONFIG) and the pass-through ones are left out.
+fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
+    let mut tree = serde_json::Map::new();
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
+        let rest = rest.to_lowercase();
+        let Some((section, key)) = rest.split_once('_') else { continue };
+        if !SECTIONS.contains(&section) || key.is_empty() {
+            continue;
+        }
+        if section == "kafka" && (key.starts_with("consumer_") || key.starts_with("producer_")) {
+            continue;
+        }
+        let entry = tree
+            .entry(section.to_owned())
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let serde_json::Value::Object(m) = entry {
+            m.insert(key.to_owned(), scalar(value));
+        }
+    }
+    Serialized::defaults(serde_json::Value::Object(tree))
+}
+
+fn override_provider(key: &str, value: &str) -> Result<Serialized<serde_json::Value>, ConfigError> {
+    let Some((section, rest)) = key.split_once('.') else {
+        return Err(ConfigError::Load(format!(
+            "--set {key}: expected section.key=value, e.g. --set redis.pool_size=8"
+        )));
+    };
+    let value = match rest.split_once('.') {
+        // kafka.consumer.<librdkafka property>
+        Some((client @ ("consumer" | "producer"), prop)) if section == "kafka" => {
+            serde_json::json!({ client: { prop: value } })
+        }
+        _ => serde_json::json!({ rest: scalar(value) }),
+    };
+    Ok(Serialized::default(section, value))
+}
+
+/// Environment and flag values are strings; numbers and booleans are read as
+/// such so that typed keys accept them.
+fn scalar(v: &str) -> serde_json::Value {
+    if let Ok(n) = v.parse::<u64>() {
+        return n.into();
+    }
+    if let Ok(f) = v.parse::<f64>() {
+        if v.contains('.') {
+            return f.into();
+        }
+    }
+    match v {
+        "true" => true.into(),
+        "false" => false.into(),
+        _ => v.into(),
+    }
+}
+
+fn one_line(e: &figment::Error) -> String {
+    let mut msgs = Vec::new();
+    for err in e.clone() {
+        let path = err.path.join(".");
+        let from = err
+            .metadata
+            .as_ref()
+            .and_then(|m| m.source.as_ref().map(|s| format!(" (from {s})")))
+            .unwrap_or_default();
+        if path.is_empty() {
+            msgs.push(format!("{}{from}", err.kind));
+        } else {
+            msgs.push(format!("key {path}: {}{from}", err.kind));
+        }
+    }
+    msgs.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let overrides: Vec<(String, String)> = overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::load_from_env(None, &overrides, env)
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let s = load(&[], &[]).expect("defaults are valid");
+        assert_eq!(s.kafka.input_topic, "orders");
+        assert_eq!(s.kafka.outcome_topic, "deduct-outcomes");
+        assert_eq!(s.kafka.dlq_topic, "orders.dlq");
+        assert_eq!(s.redis.key_prefix, "promo");
+        assert_eq!(s.redis.record_ttl_secs, 30 * 24 * 3600);
+        assert_eq!(s.redis.refund_ttl_secs, 7 * 24 * 3600);
+    }
+
+    #[test]
+    fn env_overrides_file_and_flags_override_env() {
+        let s = load(
+            &[("DEDUCTOR_REDIS_POOL_SIZE", "7"), ("DEDUCTOR_KAFKA_GROUP_ID", "g-env")],
+            &[("kafka.group_id", "g-flag")],
+        )
+        .unwrap();
+        assert_eq!(s.redis.pool_size, 7);
+        assert_eq!(s.kafka.group_id, "g-flag");
+    }
+
+    #[test]
+    fn librdkafka_properties_pass_through() {
+        let s = load(
+            &[("DEDUCTOR_KAFKA_CONSUMER_SASL_MECHANISM", "SCRAM-SHA-512")],
+            &[("kafka.producer.compression.type", "lz4")],
+        )
+        .unwrap();
+        assert_eq!(s.kafka.consumer.get("sasl.mechanism").map(String::as_str), Some("SCRAM-SHA-512"));
+        assert_eq!(s.kafka.producer.get("compression.type").map(String::as_str), Some("lz4"));
+        // defaults of the same map are kept
+        assert_eq!(s.kafka.consumer.get("auto.offset.reset").map(String::as_str), Some("earliest"));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load(&[], &[("redis.pool", "3")]).unwrap_err().to_string();
+        assert!(e.contains("pool"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let e = load(&[("DEDUCTOR_REDIS_POOL_SIZE", "many")], &[]).unwrap_err().to_string();
+        assert!(e.contains("redis.pool_size"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_key_and_fix() {
+        for (key, value, named) in [
+            ("redis.url", "http://x", "redis.url"),
+            ("redis.command_timeout_ms", "0", "redis.command_timeout_ms"),
+            ("redis.record_ttl_secs", "60", "redis.record_ttl_secs"),
+            ("kafka.input_topic", "bad topic", "kafka.input_topic"),
+            ("kafka.outcome_topic", "orders", "kafka.outcome_topic"),
+            ("pipeline.max_in_flight", "1", "pipeline.max_in_flight"),
+            ("http.listen", "nowhere", "http.listen"),
+            ("redis.key_prefix", "a{b", "redis.key_prefix"),
+        ] {
+            let e = load(&[], &[(key, value)]).unwrap_err().to_string();
+            assert!(e.contains(named), "{key}={value}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn missing_config_file_is_reported() {
+        let e = Settings::load_from_env(Some(Path::new("/nonexistent.toml")), &[], Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent.toml"), "{e}");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(redact_url("redis://u:pw@h:1"), "redis://u:***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        let mut s = load(&[], &[]).unwrap();
+        s.redis.password = "hunter2".into();
+        assert!(!format!("{:?}", s.redis).contains("hunter2"));
+    }
+}

@@ -1,0 +1,137 @@
+//! The Redis key layout of CONTRACT.md section 2, in one place.
+//!
+//! Every key of promotion `P` carries the hash tag `{P}`, so every key one
+//! script touches hashes to one Redis Cluster slot. Ids are [`Id`]s, which
+//! cannot contain `:`, `{` or `}`, so no id can forge another key or slot.
+
+use super::event::Id;
+
+/// Builds key names under a configurable prefix (default `promo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// The four keys a deduct or rollback script touches for one line, in the
+/// order the scripts expect them in KEYS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineKeys {
+    pub promotion: String,
+    pub used: String,
+    pub record: String,
+    /// `rejected:{E}` for a placement, `refund:{E}` for a refund.
+    pub memo: String,
+}
+
+impl Keys {
+    pub fn new(prefix: impl Into<String>) -> Keys {
+        Keys {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `promo:{P}`
+    pub fn promotion(&self, p: &Id) -> String {
+        format!("{}:{{{}}}", self.prefix, p)
+    }
+
+    /// `promo:{P}:used:{C}`
+    pub fn used(&self, p: &Id, customer: &Id) -> String {
+        format!("{}:{{{}}}:used:{}", self.prefix, p, customer)
+    }
+
+    /// `promo:{P}:order:{O}`
+    pub fn record(&self, p: &Id, order: &Id) -> String {
+        format!("{}:{{{}}}:order:{}", self.prefix, p, order)
+    }
+
+    /// `promo:{P}:refund:{E}`
+    pub fn refund(&self, p: &Id, event: &Id) -> String {
+        format!("{}:{{{}}}:refund:{}", self.prefix, p, event)
+    }
+
+    /// `promo:{P}:rejected:{E}`
+    pub fn rejected(&self, p: &Id, event: &Id) -> String {
+        format!("{}:{{{}}}:rejected:{}", self.prefix, p, event)
+    }
+
+    /// KEYS of `deduct.lua` and `release.lua` for one placement line.
+    pub fn deduct_line(&self, p: &Id, order: &Id, customer: &Id, event: &Id) -> LineKeys {
+        LineKeys {
+            promotion: self.promotion(p),
+            used: self.used(p, customer),
+            record: self.record(p, order),
+            memo: self.rejected(p, event),
+        }
+    }
+
+    /// KEYS of `rollback.lua` for one refund line.
+    pub fn rollback_line(&self, p: &Id, order: &Id, customer: &Id, event: &Id) -> LineKeys {
+        LineKeys {
+            promotion: self.promotion(p),
+            used: self.used(p, customer),
+            record: self.record(p, order),
+            memo: self.refund(p, event),
+        }
+    }
+
+    /// A `SCAN MATCH` pattern for every key of promotion `P`.
+    pub fn promotion_pattern(&self, p: &Id) -> String {
+        format!("{}:{{{}}}*", self.prefix, p)
+    }
+
+    /// A `SCAN MATCH` pattern for every record of promotion `P`.
+    pub fn record_pattern(&self, p: &Id) -> String {
+        format!("{}:{{{}}}:order:*", self.prefix, p)
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys::new("promo")
+    }
+}
+
+impl LineKeys {
+    pub fn as_vec(&self) -> Vec<String> {
+        vec![
+            self.promotion.clone(),
+            self.used.clone(),
+            self.record.clone(),
+            self.memo.clone(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Id {
+        Id::parse(s).unwrap()
+    }
+
+    #[test]
+    fn layout_matches_the_contract() {
+        let k = Keys::default();
+        let (p, c, o, e) = (id("flash-42"), id("c-9"), id("o-77"), id("e-1"));
+        assert_eq!(k.promotion(&p), "promo:{flash-42}");
+        assert_eq!(k.used(&p, &c), "promo:{flash-42}:used:c-9");
+        assert_eq!(k.record(&p, &o), "promo:{flash-42}:order:o-77");
+        assert_eq!(k.refund(&p, &e), "promo:{flash-42}:refund:e-1");
+        assert_eq!(k.rejected(&p, &e), "promo:{flash-42}:rejected:e-1");
+    }
+
+    #[test]
+    fn every_key_of_a_line_shares_the_hash_tag() {
+        let k = Keys::new("x");
+        let line = k.deduct_line(&id("P"), &id("O"), &id("C"), &id("E"));
+        for key in line.as_vec() {
+            assert!(key.starts_with("x:{P}"), "{key}");
+        }
+    }
+}

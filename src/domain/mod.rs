@@ -1,0 +1,6 @@
+//! Pure domain logic: no I/O, no async.
+
+pub mod decision;
+pub mod event;
+pub mod keys;
+pub mod outcome;

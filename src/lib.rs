@@ -1,0 +1,24 @@
+//! deductor: applies promotion deductions from a Kafka event stream, exactly.
+//!
+//! Layout (data flows one way: Kafka in -> pure decisions -> Redis -> Kafka
+//! out -> offset; only [`pipeline`] knows the order of the steps):
+//! - [`domain`]: pure parsing, key layout, decisions and outcome JSON.
+//! - [`ledger`]: the Lua scripts and the order-level logic around them.
+//! - [`kafka`]: consumer group, offset watermarks, outcome/dead-letter producer.
+//! - [`pipeline`]: consume -> decide -> apply -> publish -> mark done.
+//! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`retry`], [`error`]: plumbing.
+//! - [`ops`]: HTTP metrics and health; [`admin`]: promo set/show, audit, publish.
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod kafka;
+pub mod ledger;
+pub mod metrics;
+pub mod ops;
+pub mod pipeline;
+pub mod retry;
+pub mod shutdown;
+pub mod telemetry;
