@@ -129,7 +129,10 @@ impl fmt::Debug for RedisSettings {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(&self.url))
             .field("username", &self.username)
-            .field("password", &if self.password.is_empty() { "" } else { "***" })
+            .field(
+                "password",
+                &if self.password.is_empty() { "" } else { "***" },
+            )
             .field("pool_size", &self.pool_size)
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("key_prefix", &self.key_prefix)
@@ -154,7 +157,10 @@ pub fn redact_url(url: &str) -> String {
 impl Settings {
     /// Merges every layer. `file` is an optional config file; `overrides`
     /// are `section.key=value` pairs from the command line.
-    pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<Settings, ConfigError> {
+    pub fn load(
+        file: Option<&Path>,
+        overrides: &[(String, String)],
+    ) -> Result<Settings, ConfigError> {
         Settings::load_from_env(file, overrides, std::env::vars())
     }
 
@@ -210,7 +216,11 @@ impl Settings {
         }
         let k = &self.kafka;
         if k.brokers.trim().is_empty() {
-            return Err(bad("kafka.brokers", "is empty", "set it to host:port[,host:port]"));
+            return Err(bad(
+                "kafka.brokers",
+                "is empty",
+                "set it to host:port[,host:port]",
+            ));
         }
         for (key, topic) in [
             ("kafka.input_topic", &k.input_topic),
@@ -238,15 +248,28 @@ impl Settings {
             ));
         }
         if k.group_id.trim().is_empty() {
-            return Err(bad("kafka.group_id", "is empty", "name the consumer group, e.g. deductor"));
+            return Err(bad(
+                "kafka.group_id",
+                "is empty",
+                "name the consumer group, e.g. deductor",
+            ));
         }
         if k.produce_timeout_ms == 0 {
-            return Err(bad("kafka.produce_timeout_ms", "is 0", "use a positive number of milliseconds, e.g. 30000"));
+            return Err(bad(
+                "kafka.produce_timeout_ms",
+                "is 0",
+                "use a positive number of milliseconds, e.g. 30000",
+            ));
         }
         let r = &self.redis;
-        if !["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"]
-            .iter()
-            .any(|s| r.url.starts_with(s))
+        if ![
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "rediss-cluster://",
+        ]
+        .iter()
+        .any(|s| r.url.starts_with(s))
         {
             return Err(bad(
                 "redis.url",
@@ -255,7 +278,11 @@ impl Settings {
             ));
         }
         if r.pool_size == 0 || r.pool_size > 64 {
-            return Err(bad("redis.pool_size", format!("{} is out of range", r.pool_size), "use 1 to 64"));
+            return Err(bad(
+                "redis.pool_size",
+                format!("{} is out of range", r.pool_size),
+                "use 1 to 64",
+            ));
         }
         if r.command_timeout_ms == 0 {
             return Err(bad(
@@ -265,7 +292,11 @@ impl Settings {
             ));
         }
         if r.connect_timeout_ms == 0 {
-            return Err(bad("redis.connect_timeout_ms", "is 0", "use a positive number of milliseconds, e.g. 2000"));
+            return Err(bad(
+                "redis.connect_timeout_ms",
+                "is 0",
+                "use a positive number of milliseconds, e.g. 2000",
+            ));
         }
         if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
             return Err(bad(
@@ -285,11 +316,19 @@ impl Settings {
             ));
         }
         if r.refund_ttl_secs == 0 {
-            return Err(bad("redis.refund_ttl_secs", "is 0", "use a positive number of seconds, e.g. 604800"));
+            return Err(bad(
+                "redis.refund_ttl_secs",
+                "is 0",
+                "use a positive number of seconds, e.g. 604800",
+            ));
         }
         let p = &self.pipeline;
         if p.max_in_flight_per_partition == 0 {
-            return Err(bad("pipeline.max_in_flight_per_partition", "is 0", "use 1 or more"));
+            return Err(bad(
+                "pipeline.max_in_flight_per_partition",
+                "is 0",
+                "use 1 or more",
+            ));
         }
         if p.max_in_flight < p.max_in_flight_per_partition {
             return Err(bad(
@@ -302,7 +341,11 @@ impl Settings {
             ));
         }
         if p.commit_interval_ms == 0 {
-            return Err(bad("pipeline.commit_interval_ms", "is 0", "use a positive number of milliseconds, e.g. 1000"));
+            return Err(bad(
+                "pipeline.commit_interval_ms",
+                "is 0",
+                "use a positive number of milliseconds, e.g. 1000",
+            ));
         }
         let t = &self.retry;
         if t.initial_interval_ms == 0 || t.max_interval_ms < t.initial_interval_ms {
@@ -313,9 +356,14 @@ impl Settings {
             ));
         }
         if !(t.multiplier >= 1.0 && t.multiplier <= 10.0) {
-            return Err(bad("retry.multiplier", format!("{} is out of range", t.multiplier), "use 1.0 to 10.0"));
+            return Err(bad(
+                "retry.multiplier",
+                format!("{} is out of range", t.multiplier),
+                "use 1.0 to 10.0",
+            ));
         }
-        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err()
+        {
             return Err(bad(
                 "http.listen",
                 format!("{:?} is not an address", self.http.listen),
@@ -323,7 +371,11 @@ impl Settings {
             ));
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return Err(bad("log.level", format!("{:?} is not a filter", self.log.level), "use e.g. info or deductor=debug"));
+            return Err(bad(
+                "log.level",
+                format!("{:?} is not a filter", self.log.level),
+                "use e.g. info or deductor=debug",
+            ));
         }
         Ok(())
     }
@@ -343,9 +395,13 @@ impl Settings {
 fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
     let mut tree = serde_json::Map::new();
     for (name, value) in env {
-        let Some(rest) = name.strip_prefix(ENV_PREFIX) else { continue };
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
         let rest = rest.to_lowercase();
-        let Some((section, key)) = rest.split_once('_') else { continue };
+        let Some((section, key)) = rest.split_once('_') else {
+            continue;
+        };
         if !SECTIONS.contains(&section) || key.is_empty() {
             continue;
         }
@@ -420,7 +476,10 @@ mod tests {
 
     fn load(env: &[(&str, &str)], overrides: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        let overrides: Vec<(String, String)> = overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let overrides: Vec<(String, String)> = overrides
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Settings::load_from_env(None, &overrides, env)
     }
 
@@ -438,7 +497,10 @@ mod tests {
     #[test]
     fn env_overrides_file_and_flags_override_env() {
         let s = load(
-            &[("DEDUCTOR_REDIS_POOL_SIZE", "7"), ("DEDUCTOR_KAFKA_GROUP_ID", "g-env")],
+            &[
+                ("DEDUCTOR_REDIS_POOL_SIZE", "7"),
+                ("DEDUCTOR_KAFKA_GROUP_ID", "g-env"),
+            ],
             &[("kafka.group_id", "g-flag")],
         )
         .unwrap();
@@ -453,10 +515,22 @@ mod tests {
             &[("kafka.producer.compression.type", "lz4")],
         )
         .unwrap();
-        assert_eq!(s.kafka.consumer.get("sasl.mechanism").map(String::as_str), Some("SCRAM-SHA-512"));
-        assert_eq!(s.kafka.producer.get("compression.type").map(String::as_str), Some("lz4"));
+        assert_eq!(
+            s.kafka.consumer.get("sasl.mechanism").map(String::as_str),
+            Some("SCRAM-SHA-512")
+        );
+        assert_eq!(
+            s.kafka.producer.get("compression.type").map(String::as_str),
+            Some("lz4")
+        );
         // defaults of the same map are kept
-        assert_eq!(s.kafka.consumer.get("auto.offset.reset").map(String::as_str), Some("earliest"));
+        assert_eq!(
+            s.kafka
+                .consumer
+                .get("auto.offset.reset")
+                .map(String::as_str),
+            Some("earliest")
+        );
     }
 
     #[test]
@@ -467,7 +541,9 @@ mod tests {
 
     #[test]
     fn wrong_type_is_named() {
-        let e = load(&[("DEDUCTOR_REDIS_POOL_SIZE", "many")], &[]).unwrap_err().to_string();
+        let e = load(&[("DEDUCTOR_REDIS_POOL_SIZE", "many")], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("redis.pool_size"), "{e}");
     }
 

@@ -115,7 +115,11 @@ mod tests {
     }
 
     fn policy() -> RetryPolicy {
-        RetryPolicy { initial: Duration::from_millis(100), max: Duration::from_secs(2), multiplier: 2.0 }
+        RetryPolicy {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            multiplier: 2.0,
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -124,29 +128,53 @@ mod tests {
         let mut delays = Vec::new();
         let stop = CancellationToken::new();
         let started = tokio::time::Instant::now();
-        let out = retry(&policy(), &stop, classify, |_, d| delays.push(d), || async {
-            if calls.fetch_add(1, Ordering::SeqCst) < 7 { Err(E::Transient) } else { Ok(42) }
-        })
+        let out = retry(
+            &policy(),
+            &stop,
+            classify,
+            |_, d| delays.push(d),
+            || async {
+                if calls.fetch_add(1, Ordering::SeqCst) < 7 {
+                    Err(E::Transient)
+                } else {
+                    Ok(42)
+                }
+            },
+        )
         .await;
         assert_eq!(out.unwrap(), 42);
         assert_eq!(calls.load(Ordering::SeqCst), 8);
         assert_eq!(delays.len(), 7);
-        assert!(delays[0] >= Duration::from_millis(80) && delays[0] <= Duration::from_millis(120), "{delays:?}");
+        assert!(
+            delays[0] >= Duration::from_millis(80) && delays[0] <= Duration::from_millis(120),
+            "{delays:?}"
+        );
         assert!(delays[3] > delays[0], "grows: {delays:?}");
-        assert!(delays.iter().all(|d| *d <= Duration::from_millis(2400)), "capped (with jitter): {delays:?}");
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_millis(2400)),
+            "capped (with jitter): {delays:?}"
+        );
         // virtual time advanced by exactly the sum of the delays
         let slept: Duration = delays.iter().sum();
-        assert!(started.elapsed() >= slept && started.elapsed() < slept + Duration::from_millis(20));
+        assert!(
+            started.elapsed() >= slept && started.elapsed() < slept + Duration::from_millis(20)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn permanent_errors_are_not_retried() {
         let calls = AtomicU32::new(0);
         let stop = CancellationToken::new();
-        let out: Result<(), _> = retry(&policy(), &stop, classify, |_, _| {}, || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(E::Fatal)
-        })
+        let out: Result<(), _> = retry(
+            &policy(),
+            &stop,
+            classify,
+            |_, _| {},
+            || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(E::Fatal)
+            },
+        )
         .await;
         assert!(matches!(out, Err(RetryError::Permanent(E::Fatal))));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -160,7 +188,14 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
             s2.cancel();
         });
-        let out: Result<(), _> = retry(&policy(), &stop, classify, |_, _| {}, || async { Err(E::Transient) }).await;
+        let out: Result<(), _> = retry(
+            &policy(),
+            &stop,
+            classify,
+            |_, _| {},
+            || async { Err(E::Transient) },
+        )
+        .await;
         assert!(matches!(out, Err(RetryError::Cancelled(E::Transient))));
     }
 }

@@ -283,7 +283,10 @@ fn parse_strict(bytes: &[u8]) -> Result<Event, InvalidEvent> {
         if e.is_syntax() || e.is_eof() {
             invalid(InvalidKind::NotJson, format!("event is not JSON: {e}"))
         } else {
-            invalid(InvalidKind::Shape, format!("event has the wrong shape: {e}"))
+            invalid(
+                InvalidKind::Shape,
+                format!("event has the wrong shape: {e}"),
+            )
         }
     })?;
 
@@ -393,10 +396,7 @@ fn timestamp_field(name: &str, v: &Option<Value>) -> Result<i64, InvalidEvent> {
             }),
         Some(other) => Err(invalid(
             InvalidKind::InvalidTimestamp,
-            format!(
-                "{name} must be an RFC 3339 string, got {}",
-                describe(other)
-            ),
+            format!("{name} must be an RFC 3339 string, got {}", describe(other)),
         )),
     }
 }
@@ -475,7 +475,11 @@ fn salvage(bytes: &[u8]) -> Salvage {
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(bytes) else {
         return Salvage::default();
     };
-    let id = |k: &str| map.get(k).and_then(Value::as_str).and_then(|s| Id::parse(s).ok());
+    let id = |k: &str| {
+        map.get(k)
+            .and_then(Value::as_str)
+            .and_then(|s| Id::parse(s).ok())
+    };
     Salvage {
         event_type: map
             .get("type")
@@ -523,7 +527,10 @@ mod tests {
 
     fn kind_of(bytes: &[u8]) -> InvalidKind {
         match parse(bytes) {
-            Ok(e) => panic!("expected invalid, got {e:?} for {}", String::from_utf8_lossy(bytes)),
+            Ok(e) => panic!(
+                "expected invalid, got {e:?} for {}",
+                String::from_utf8_lossy(bytes)
+            ),
             Err(e) => e.kind,
         }
     }
@@ -535,14 +542,23 @@ mod tests {
         };
         assert_eq!(p.header.event_id.as_str(), "e-1001");
         assert_eq!(p.header.occurred_at, 1_795_946_400);
-        assert_eq!(p.lines[0], PlaceLine { promotion_id: Id::parse("flash-42").unwrap(), budget: 1500, stock: 1 });
+        assert_eq!(
+            p.lines[0],
+            PlaceLine {
+                promotion_id: Id::parse("flash-42").unwrap(),
+                budget: 1500,
+                stock: 1
+            }
+        );
         assert_eq!(p.lines[1].stock, 0, "absent stock is 0 on a placement");
 
         let refund = br#"{"type": "OrderRefunded", "event_id": "e-1002", "order_id": "o-77",
  "customer_id": "c-9", "occurred_at": "2026-11-30T08:00:00Z",
  "lines": [{"promotion_id": "flash-42"},
            {"promotion_id": "full-200-30", "budget": 1000}]}"#;
-        let Event::Refunded(r) = parse(refund).unwrap() else { panic!("not a refund") };
+        let Event::Refunded(r) = parse(refund).unwrap() else {
+            panic!("not a refund")
+        };
         assert_eq!(r.lines[0].budget, None, "absent is everything outstanding");
         assert_eq!(r.lines[1].budget, Some(1000));
         assert_eq!(r.lines[1].stock, None);
@@ -559,7 +575,12 @@ mod tests {
             with(&["lines", "0", "stock"], json!(1_000_000)),
             with(&["lines", "0", "budget"], json!(0)),
             with(&["occurred_at"], json!("2026-11-29T10:00:00.123+01:00")),
-            with(&["lines"], json!((0..32).map(|i| json!({"promotion_id": format!("p{i}")})).collect::<Vec<_>>())),
+            with(
+                &["lines"],
+                json!((0..32)
+                    .map(|i| json!({"promotion_id": format!("p{i}")}))
+                    .collect::<Vec<_>>()),
+            ),
         ];
         for doc in ok {
             assert!(parse(&doc).is_ok(), "{}", String::from_utf8_lossy(&doc));
@@ -630,7 +651,10 @@ mod tests {
         let mut doc = base();
         doc["type"] = json!("OrderRefunded");
         doc["lines"][0]["budget"] = json!(-5);
-        assert_eq!(kind_of(&serde_json::to_vec(&doc).unwrap()), InvalidKind::InvalidAmount);
+        assert_eq!(
+            kind_of(&serde_json::to_vec(&doc).unwrap()),
+            InvalidKind::InvalidAmount
+        );
     }
 
     #[test]

@@ -88,14 +88,22 @@ fn envelope(
     m.insert("outcome_id".into(), outcome_id(event_id, kind).into());
     m.insert("event_id".into(), event_id.into());
     m.insert("order_id".into(), order_id.into());
-    m.insert("customer_id".into(), customer_id.map_or(Value::Null, Value::from));
+    m.insert(
+        "customer_id".into(),
+        customer_id.map_or(Value::Null, Value::from),
+    );
     m.insert("duplicate".into(), duplicate.into());
     m.insert("source".into(), json!(source));
     m.insert("processed_at".into(), processed_at.into());
     m
 }
 
-fn finish(kind: OutcomeType, h: &Header, reason: Option<Reason>, json: Map<String, Value>) -> Outcome {
+fn finish(
+    kind: OutcomeType,
+    h: &Header,
+    reason: Option<Reason>,
+    json: Map<String, Value>,
+) -> Outcome {
     Outcome {
         kind,
         order_id: h.order_id.to_string(),
@@ -111,7 +119,15 @@ pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at:
     match d {
         PlaceDecision::Accepted { duplicate, lines } => {
             let kind = OutcomeType::DeductAccepted;
-            let mut m = envelope(kind, h.event_id.as_str(), h.order_id.as_str(), Some(h.customer_id.as_str()), *duplicate, source, processed_at);
+            let mut m = envelope(
+                kind,
+                h.event_id.as_str(),
+                h.order_id.as_str(),
+                Some(h.customer_id.as_str()),
+                *duplicate,
+                source,
+                processed_at,
+            );
             let lines: Vec<Value> = lines
                 .iter()
                 .map(|l| {
@@ -126,9 +142,21 @@ pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at:
             m.insert("lines".into(), lines.into());
             finish(kind, h, None, m)
         }
-        PlaceDecision::Rejected { duplicate, reason, promotion_id } => {
+        PlaceDecision::Rejected {
+            duplicate,
+            reason,
+            promotion_id,
+        } => {
             let kind = OutcomeType::DeductRejected;
-            let mut m = envelope(kind, h.event_id.as_str(), h.order_id.as_str(), Some(h.customer_id.as_str()), *duplicate, source, processed_at);
+            let mut m = envelope(
+                kind,
+                h.event_id.as_str(),
+                h.order_id.as_str(),
+                Some(h.customer_id.as_str()),
+                *duplicate,
+                source,
+                processed_at,
+            );
             m.insert("reason".into(), reason.as_str().into());
             m.insert("promotion_id".into(), promotion_id.as_str().into());
             let lines: Vec<Value> = e
@@ -143,14 +171,27 @@ pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at:
 }
 
 /// The outcome of an `OrderRefunded`.
-pub fn refunded(e: &OrderRefunded, d: &RefundDecision, source: &Source, processed_at: &str) -> Outcome {
+pub fn refunded(
+    e: &OrderRefunded,
+    d: &RefundDecision,
+    source: &Source,
+    processed_at: &str,
+) -> Outcome {
     let h = &e.header;
     let (kind, reason) = if d.applied() {
         (OutcomeType::RollbackApplied, None)
     } else {
         (OutcomeType::RollbackRejected, d.first_reason())
     };
-    let mut m = envelope(kind, h.event_id.as_str(), h.order_id.as_str(), Some(h.customer_id.as_str()), d.duplicate(), source, processed_at);
+    let mut m = envelope(
+        kind,
+        h.event_id.as_str(),
+        h.order_id.as_str(),
+        Some(h.customer_id.as_str()),
+        d.duplicate(),
+        source,
+        processed_at,
+    );
     if let Some(r) = reason {
         m.insert("reason".into(), r.as_str().into());
     }
@@ -184,7 +225,15 @@ pub fn invalid(e: &InvalidEvent, source: &Source, processed_at: &str) -> Option<
         Some(id) => id.to_string(),
         None => format!("{}-{}-{}", source.topic, source.partition, source.offset),
     };
-    let mut m = envelope(kind, &event_key, order_id.as_str(), s.customer_id.as_ref().map(|c| c.as_str()), false, source, processed_at);
+    let mut m = envelope(
+        kind,
+        &event_key,
+        order_id.as_str(),
+        s.customer_id.as_ref().map(|c| c.as_str()),
+        false,
+        source,
+        processed_at,
+    );
     if s.event_id.is_none() {
         m.insert("event_id".into(), Value::Null);
     }
@@ -212,7 +261,11 @@ mod tests {
     use crate::domain::event::{parse, Event, Id};
 
     fn src() -> Source {
-        Source { topic: "orders".into(), partition: 3, offset: 1207 }
+        Source {
+            topic: "orders".into(),
+            partition: 3,
+            offset: 1207,
+        }
     }
 
     fn placed_event() -> OrderPlaced {
@@ -236,8 +289,24 @@ mod tests {
         let d = PlaceDecision::Accepted {
             duplicate: false,
             lines: vec![
-                AcceptedLine { promotion_id: id("flash-42"), budget: 1500, stock: 1, remaining: Remaining { budget: Some(98500), stock: Some(41) } },
-                AcceptedLine { promotion_id: id("full-200-30"), budget: 3000, stock: 0, remaining: Remaining { budget: Some(7000), stock: None } },
+                AcceptedLine {
+                    promotion_id: id("flash-42"),
+                    budget: 1500,
+                    stock: 1,
+                    remaining: Remaining {
+                        budget: Some(98500),
+                        stock: Some(41),
+                    },
+                },
+                AcceptedLine {
+                    promotion_id: id("full-200-30"),
+                    budget: 3000,
+                    stock: 0,
+                    remaining: Remaining {
+                        budget: Some(7000),
+                        stock: None,
+                    },
+                },
             ],
         };
         let o = placed(&e, &d, &src(), "2026-11-29T10:00:00.012Z");
@@ -250,29 +319,48 @@ mod tests {
         assert_eq!(j["customer_id"], "c-9");
         assert_eq!(j["duplicate"], false);
         assert_eq!(j["outcome_id"], "e-1001:DeductAccepted");
-        assert_eq!(j["lines"][0], json!({"promotion_id": "flash-42", "budget": 1500, "stock": 1, "remaining": {"budget": 98500, "stock": 41}}));
+        assert_eq!(
+            j["lines"][0],
+            json!({"promotion_id": "flash-42", "budget": 1500, "stock": 1, "remaining": {"budget": 98500, "stock": 41}})
+        );
         assert_eq!(j["lines"][1]["remaining"]["stock"], Value::Null);
-        assert_eq!(j["source"], json!({"topic": "orders", "partition": 3, "offset": 1207}));
+        assert_eq!(
+            j["source"],
+            json!({"topic": "orders", "partition": 3, "offset": 1207})
+        );
         assert_eq!(j["processed_at"], "2026-11-29T10:00:00.012Z");
     }
 
     #[test]
     fn rejected_names_reason_and_promotion() {
         let e = placed_event();
-        let d = PlaceDecision::Rejected { duplicate: true, reason: Reason::StockInsufficient, promotion_id: id("flash-42") };
+        let d = PlaceDecision::Rejected {
+            duplicate: true,
+            reason: Reason::StockInsufficient,
+            promotion_id: id("flash-42"),
+        };
         let o = placed(&e, &d, &src(), "t");
         assert_eq!(o.json["type"], "DeductRejected");
         assert_eq!(o.json["reason"], "stock_insufficient");
         assert_eq!(o.json["promotion_id"], "flash-42");
         assert_eq!(o.json["duplicate"], true);
-        assert_eq!(o.json["lines"][1], json!({"promotion_id": "full-200-30", "budget": 3000, "stock": 0}));
+        assert_eq!(
+            o.json["lines"][1],
+            json!({"promotion_id": "full-200-30", "budget": 3000, "stock": 0})
+        );
         assert_eq!(o.outcome_id, "e-1001:DeductRejected");
     }
 
     #[test]
     fn outcome_id_is_stable_and_differs_by_type() {
-        assert_eq!(outcome_id("e-1", OutcomeType::DeductAccepted), outcome_id("e-1", OutcomeType::DeductAccepted));
-        assert_ne!(outcome_id("e-1", OutcomeType::DeductAccepted), outcome_id("e-1", OutcomeType::DeductRejected));
+        assert_eq!(
+            outcome_id("e-1", OutcomeType::DeductAccepted),
+            outcome_id("e-1", OutcomeType::DeductAccepted)
+        );
+        assert_ne!(
+            outcome_id("e-1", OutcomeType::DeductAccepted),
+            outcome_id("e-1", OutcomeType::DeductRejected)
+        );
     }
 
     fn refund_event() -> OrderRefunded {
@@ -290,8 +378,25 @@ mod tests {
         let e = refund_event();
         let d = RefundDecision {
             lines: vec![
-                RefundLineResult { promotion_id: id("flash-42"), status: Ok(()), duplicate: false, budget: 1500, stock: 1, remaining: Remaining { budget: Some(100000), stock: Some(42) } },
-                RefundLineResult { promotion_id: id("full-200-30"), status: Err(Reason::ExceedsDeducted), duplicate: false, budget: 0, stock: 0, remaining: Remaining::default() },
+                RefundLineResult {
+                    promotion_id: id("flash-42"),
+                    status: Ok(()),
+                    duplicate: false,
+                    budget: 1500,
+                    stock: 1,
+                    remaining: Remaining {
+                        budget: Some(100000),
+                        stock: Some(42),
+                    },
+                },
+                RefundLineResult {
+                    promotion_id: id("full-200-30"),
+                    status: Err(Reason::ExceedsDeducted),
+                    duplicate: false,
+                    budget: 0,
+                    stock: 0,
+                    remaining: Remaining::default(),
+                },
             ],
         };
         let o = refunded(&e, &d, &src(), "t");
@@ -307,8 +412,22 @@ mod tests {
         let e = refund_event();
         let d = RefundDecision {
             lines: vec![
-                RefundLineResult { promotion_id: id("flash-42"), status: Err(Reason::NoDeduction), duplicate: true, budget: 0, stock: 0, remaining: Remaining::default() },
-                RefundLineResult { promotion_id: id("full-200-30"), status: Err(Reason::AlreadyReverted), duplicate: true, budget: 0, stock: 0, remaining: Remaining::default() },
+                RefundLineResult {
+                    promotion_id: id("flash-42"),
+                    status: Err(Reason::NoDeduction),
+                    duplicate: true,
+                    budget: 0,
+                    stock: 0,
+                    remaining: Remaining::default(),
+                },
+                RefundLineResult {
+                    promotion_id: id("full-200-30"),
+                    status: Err(Reason::AlreadyReverted),
+                    duplicate: true,
+                    budget: 0,
+                    stock: 0,
+                    remaining: Remaining::default(),
+                },
             ],
         };
         let o = refunded(&e, &d, &src(), "t");

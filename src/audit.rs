@@ -1,0 +1,236 @@
+//! `deductor audit`: the ledger invariant of CONTRACT.md section 5, checked
+//! on the stored data with `SCAN` (never `KEYS`).
+//!
+//! For each promotion P: remaining stock and budget >= 0; when the initial
+//! amounts are known (`promo set` stores them as `initial_budget` /
+//! `initial_stock`): initial - remaining == sum of outstanding amounts of
+//! P's `deducted` records; no customer counter above `per_customer`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write;
+
+use fred::prelude::*;
+use fred::types::scan::ScanType;
+use futures::stream::StreamExt;
+
+use crate::domain::event::Id;
+use crate::ledger::Ledger;
+
+/// The findings for one promotion.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub promotion: String,
+    pub exists: bool,
+    pub budget: Option<i64>,
+    pub stock: Option<i64>,
+    pub initial_budget: Option<i64>,
+    pub initial_stock: Option<i64>,
+    pub per_customer: Option<i64>,
+    pub records: usize,
+    pub held: usize,
+    pub outstanding_budget: i64,
+    pub outstanding_stock: i64,
+    pub customers: usize,
+    pub max_used: i64,
+    pub breaches: Vec<String>,
+}
+
+impl Report {
+    /// Applies the invariant to the gathered figures.
+    pub fn judge(&mut self) {
+        let mut b = Vec::new();
+        if let Some(s) = self.stock {
+            if s < 0 {
+                b.push(format!("remaining stock {s} < 0"));
+            }
+        }
+        if let Some(x) = self.budget {
+            if x < 0 {
+                b.push(format!("remaining budget {x} < 0"));
+            }
+        }
+        if let (Some(init), Some(rem)) = (self.initial_stock, self.stock) {
+            if init - rem != self.outstanding_stock {
+                b.push(format!(
+                    "stock: initial {init} - remaining {rem} = {} but records hold {}",
+                    init - rem,
+                    self.outstanding_stock
+                ));
+            }
+        }
+        if let (Some(init), Some(rem)) = (self.initial_budget, self.budget) {
+            if init - rem != self.outstanding_budget {
+                b.push(format!(
+                    "budget: initial {init} - remaining {rem} = {} but records hold {}",
+                    init - rem,
+                    self.outstanding_budget
+                ));
+            }
+        }
+        if let Some(limit) = self.per_customer {
+            if self.max_used > limit {
+                b.push(format!(
+                    "a customer holds {} orders, per_customer is {limit}",
+                    self.max_used
+                ));
+            }
+        }
+        self.breaches = b;
+    }
+}
+
+fn int(v: Option<&String>) -> Option<i64> {
+    v.and_then(|s| s.parse().ok())
+}
+
+async fn keys(ledger: &Ledger, pattern: &str) -> Result<Vec<String>, Error> {
+    let client = ledger.pool().next();
+    let mut out = Vec::new();
+    let mut stream = if client.is_clustered() {
+        client
+            .scan_cluster_buffered(pattern, Some(1000), None)
+            .boxed()
+    } else {
+        client.scan_buffered(pattern, Some(1000), None).boxed()
+    };
+    while let Some(k) = stream.next().await {
+        if let Some(s) = k?.as_str() {
+            out.push(s.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Every promotion id under the key prefix (keys `prefix:{P}` of type hash).
+pub async fn promotions(ledger: &Ledger) -> Result<Vec<Id>, Error> {
+    let prefix = ledger.keys().prefix().to_owned();
+    let client = ledger.pool().next();
+    let pattern = format!("{prefix}:{{*}}");
+    let mut stream = if client.is_clustered() {
+        client
+            .scan_cluster_buffered(pattern, Some(1000), Some(ScanType::Hash))
+            .boxed()
+    } else {
+        client
+            .scan_buffered(pattern, Some(1000), Some(ScanType::Hash))
+            .boxed()
+    };
+    let mut ids = BTreeSet::new();
+    while let Some(k) = stream.next().await {
+        let k = k?;
+        let Some(s) = k.as_str() else { continue };
+        let inner = s
+            .strip_prefix(&format!("{prefix}:{{"))
+            .and_then(|r| r.strip_suffix('}'));
+        if let Some(id) = inner.and_then(|i| Id::parse(i).ok()) {
+            ids.insert(id);
+        }
+    }
+    Ok(ids.into_iter().collect())
+}
+
+/// Gathers and judges one promotion.
+pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, Error> {
+    let pool = ledger.pool();
+    let keys_of = ledger.keys();
+    let mut r = Report {
+        promotion: p.to_string(),
+        ..Report::default()
+    };
+    let h: HashMap<String, String> = pool.hgetall(keys_of.promotion(p)).await?;
+    r.exists = !h.is_empty();
+    r.budget = int(h.get("budget"));
+    r.stock = int(h.get("stock"));
+    r.initial_budget = int(h.get("initial_budget"));
+    r.initial_stock = int(h.get("initial_stock"));
+    r.per_customer = int(h.get("per_customer"));
+    for key in keys(ledger, &keys_of.record_pattern(p)).await? {
+        let rec: HashMap<String, String> = pool.hgetall(&key).await?;
+        r.records += 1;
+        if rec.get("state").map(String::as_str) == Some("deducted") {
+            r.held += 1;
+            r.outstanding_budget += int(rec.get("budget")).unwrap_or(0);
+            r.outstanding_stock += int(rec.get("stock")).unwrap_or(0);
+        }
+    }
+    let used_pattern = format!("{}:{{{}}}:used:*", keys_of.prefix(), p);
+    for key in keys(ledger, &used_pattern).await? {
+        let v: Option<String> = pool.get(&key).await?;
+        let n = v.and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
+        r.customers += 1;
+        r.max_used = r.max_used.max(n);
+    }
+    r.judge();
+    Ok(r)
+}
+
+/// Audits `ids` (or every promotion), printing a line per promotion and
+/// progress on stderr; true when no breach was found.
+pub async fn run(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
+    let ids = if ids.is_empty() {
+        promotions(ledger).await?
+    } else {
+        ids.to_vec()
+    };
+    let total = ids.len();
+    let mut clean = true;
+    for (n, p) in ids.iter().enumerate() {
+        let r = audit_one(ledger, p).await?;
+        if total > 20 && (n + 1) % 100 == 0 {
+            eprint!("\raudited {}/{total}", n + 1);
+            let _ = std::io::stderr().flush();
+        }
+        let fmt = |v: Option<i64>| v.map_or("unlimited".to_owned(), |x| x.to_string());
+        if !r.exists {
+            println!("{p}: no such promotion ({} records)", r.records);
+            continue;
+        }
+        println!(
+            "{p}: stock {} of {} (outstanding {}), budget {} of {} (outstanding {}), {} orders held, {} customers, max per customer {} (limit {}){}",
+            fmt(r.stock), fmt(r.initial_stock), r.outstanding_stock,
+            fmt(r.budget), fmt(r.initial_budget), r.outstanding_budget,
+            r.held, r.customers, r.max_used, fmt(r.per_customer),
+            if r.breaches.is_empty() { ": ok".to_owned() } else { format!(": BREACH: {}", r.breaches.join("; ")) }
+        );
+        if !r.breaches.is_empty() {
+            clean = false;
+        }
+    }
+    if total > 20 {
+        eprintln!();
+    }
+    println!(
+        "{total} promotions audited, {}",
+        if clean { "no breach" } else { "BREACHES FOUND" }
+    );
+    Ok(clean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_finds_each_breach() {
+        let mut r = Report {
+            stock: Some(3),
+            initial_stock: Some(10),
+            outstanding_stock: 7,
+            per_customer: Some(1),
+            max_used: 1,
+            ..Report::default()
+        };
+        r.judge();
+        assert!(r.breaches.is_empty(), "{:?}", r.breaches);
+        r.outstanding_stock = 6;
+        r.judge();
+        assert_eq!(r.breaches.len(), 1);
+        r.outstanding_stock = 7;
+        r.max_used = 2;
+        r.stock = Some(-1);
+        r.initial_stock = Some(6);
+        r.outstanding_stock = 7;
+        r.judge();
+        assert_eq!(r.breaches.len(), 2, "{:?}", r.breaches);
+    }
+}

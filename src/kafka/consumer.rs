@@ -1,0 +1,196 @@
+//! The consumer group: configuration, rebalance callbacks, statistics.
+//!
+//! Rebalance callbacks run inside `recv()` on the pipeline's task. On a
+//! revoke they commit the watermarks of the revoked partitions synchronously
+//! (never past an unacknowledged event, G5), forget them, and queue a note
+//! for the pipeline, which retires those partitions' lanes before it handles
+//! the next message.
+
+use std::sync::Mutex;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::statistics::Statistics;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::offsets::Offsets;
+use crate::config::KafkaSettings;
+use crate::metrics;
+
+/// What a rebalance did, for the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assignment {
+    Assigned(Vec<i32>),
+    Revoked(Vec<i32>),
+}
+
+pub struct Context {
+    topic: String,
+    offsets: Offsets,
+    notes: Mutex<Vec<Assignment>>,
+}
+
+impl Context {
+    pub fn new(topic: &str, offsets: Offsets) -> Context {
+        Context {
+            topic: topic.to_owned(),
+            offsets,
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Rebalance notes since the last call, oldest first.
+    pub fn take_notes(&self) -> Vec<Assignment> {
+        std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn note(&self, a: Assignment) {
+        self.notes.lock().unwrap_or_else(|p| p.into_inner()).push(a);
+    }
+
+    fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect()
+    }
+}
+
+impl ClientContext for Context {
+    fn stats(&self, stats: Statistics) {
+        if let Some(topic) = stats.topics.get(&self.topic) {
+            for (id, p) in &topic.partitions {
+                if *id >= 0 && p.consumer_lag >= 0 {
+                    metrics::consumer_lag(*id, p.consumer_lag);
+                }
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        metrics::kafka_error(&error);
+        tracing::warn!(error = %error, reason, "kafka client error");
+    }
+}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let parts = self.partitions(tpl);
+                let lost = consumer.assignment_lost();
+                let commits = self.offsets.take_commits(Some(&parts));
+                if !lost && !commits.is_empty() {
+                    match commit_list(&self.topic, &commits) {
+                        Ok(list) => {
+                            if let Err(e) = consumer.commit(&list, CommitMode::Sync) {
+                                tracing::warn!(error = %e, "commit on revoke failed; the next owner redoes those events (absorbed by idempotency)");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot build commit list"),
+                    }
+                }
+                for p in &parts {
+                    self.offsets.close(*p);
+                }
+                metrics::rebalance();
+                tracing::info!(partitions = ?parts, lost, committed = ?commits, "partitions revoked");
+                self.note(Assignment::Revoked(parts));
+            }
+            Rebalance::Assign(tpl) => {
+                let parts = self.partitions(tpl);
+                tracing::info!(partitions = ?parts, "partitions assigned");
+                self.note(Assignment::Assigned(parts));
+            }
+            Rebalance::Error(e) => {
+                metrics::kafka_error(e);
+                tracing::warn!(error = %e, "rebalance error");
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            let failed: Vec<(i32, i64)> = offsets
+                .elements_for_topic(&self.topic)
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect();
+            self.offsets.commit_failed(&failed);
+            tracing::debug!(error = %e, ?failed, "offset commit failed; offered again next time");
+        }
+    }
+}
+
+/// The watermarks as a commit list of the input topic.
+pub fn commit_list(topic: &str, commits: &[(i32, i64)]) -> KafkaResult<TopicPartitionList> {
+    let mut list = TopicPartitionList::with_capacity(commits.len());
+    for (p, o) in commits {
+        list.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+    }
+    Ok(list)
+}
+
+/// Builds the librdkafka consumer configuration: the user's pass-through
+/// first, then the settings the guarantees depend on.
+pub fn consumer_config(k: &KafkaSettings) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("queued.max.messages.kbytes", "8192")
+        .set("statistics.interval.ms", "5000");
+    for (key, value) in &k.consumer {
+        c.set(key, value);
+    }
+    c.set("bootstrap.servers", &k.brokers)
+        .set("group.id", &k.group_id)
+        // Offsets are committed by the pipeline only: watermarks, on a timer,
+        // on revoke and at shutdown.
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false");
+    if !k.group_instance_id.is_empty() {
+        c.set("group.instance.id", &k.group_instance_id);
+    }
+    c
+}
+
+pub type GroupConsumer = StreamConsumer<Context>;
+
+pub fn create(k: &KafkaSettings, offsets: Offsets) -> KafkaResult<GroupConsumer> {
+    consumer_config(k).create_with_context(Context::new(&k.input_topic, offsets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_commit_cannot_be_turned_on() {
+        let mut k = crate::config::Settings::load_from_env(None, &[], Vec::new())
+            .unwrap()
+            .kafka;
+        k.consumer
+            .insert("enable.auto.commit".into(), "true".into());
+        k.consumer
+            .insert("session.timeout.ms".into(), "7000".into());
+        let c = consumer_config(&k);
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("session.timeout.ms"), Some("7000"));
+        assert_eq!(c.get("group.id"), Some("deductor"));
+    }
+
+    #[test]
+    fn commit_list_names_the_watermarks() {
+        let l = commit_list("orders", &[(0, 5), (3, 9)]).unwrap();
+        let e = l.elements_for_topic("orders");
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[1].partition(), 3);
+        assert_eq!(e[1].offset(), Offset::Offset(9));
+    }
+}

@@ -1,0 +1,6 @@
+//! Kafka side: the consumer group, offset watermarks, the producer.
+
+pub mod consumer;
+pub mod offsets;
+pub mod publish;
+pub mod publisher;

@@ -1,0 +1,127 @@
+//! Every metric deductor records, named in one place (Prometheus
+//! conventions: `deductor_` prefix, `_total` counters, `_seconds`
+//! histograms, labels with small fixed value sets).
+//!
+//! Recording goes through the `metrics` facade; with no exporter installed
+//! (tests, CLI commands) it costs next to nothing.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use rdkafka::error::KafkaError;
+
+pub const EVENTS: &str = "deductor_events_total";
+pub const DEAD_LETTERS: &str = "deductor_dead_letters_total";
+pub const RETRIES: &str = "deductor_retries_total";
+pub const REBALANCES: &str = "deductor_rebalances_total";
+pub const KAFKA_ERRORS: &str = "deductor_kafka_errors_total";
+pub const REDIS_ERRORS: &str = "deductor_redis_errors_total";
+pub const CORRUPT: &str = "deductor_corrupt_data_total";
+pub const SCRIPT_DURATION: &str = "deductor_script_duration_seconds";
+pub const SLOW_SCRIPTS: &str = "deductor_slow_scripts_total";
+pub const ASSIGNED: &str = "deductor_assigned_partitions";
+pub const IN_FLIGHT: &str = "deductor_in_flight_events";
+pub const LAG: &str = "deductor_consumer_lag";
+pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
+pub const COMMITS: &str = "deductor_offset_commits_total";
+pub const BUILD_INFO: &str = "deductor_build_info";
+
+/// Registers descriptions and the build info; call once after installing
+/// an exporter.
+pub fn describe() {
+    describe_counter!(
+        EVENTS,
+        "Events handled, by event type and outcome (outcome type or rejection reason)."
+    );
+    describe_counter!(
+        DEAD_LETTERS,
+        "Invalid events sent to the dead-letter topic, by error kind."
+    );
+    describe_counter!(
+        RETRIES,
+        "Retries after a transient error, by stage (redis, kafka)."
+    );
+    describe_counter!(
+        REBALANCES,
+        "Consumer group rebalances that revoked partitions from this instance."
+    );
+    describe_counter!(KAFKA_ERRORS, "Kafka client errors, by kind.");
+    describe_counter!(REDIS_ERRORS, "Redis errors, by kind.");
+    describe_counter!(
+        CORRUPT,
+        "Script calls refused because stored promotion data breaks the contract."
+    );
+    describe_histogram!(
+        SCRIPT_DURATION,
+        Unit::Seconds,
+        "Duration of one Redis script call, by script."
+    );
+    describe_counter!(
+        SLOW_SCRIPTS,
+        "Script calls slower than redis.slow_script_ms, by script."
+    );
+    describe_gauge!(
+        ASSIGNED,
+        "Partitions of the input topic assigned to this instance."
+    );
+    describe_gauge!(IN_FLIGHT, "Events started and not yet acknowledged.");
+    describe_gauge!(
+        LAG,
+        "Consumer lag per partition, from librdkafka statistics."
+    );
+    describe_histogram!(
+        EVENT_DURATION,
+        Unit::Seconds,
+        "From the start of an event to its acknowledged outcome."
+    );
+    describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
+    describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+pub fn event(event_type: &'static str, outcome: &'static str) {
+    counter!(EVENTS, "type" => event_type, "outcome" => outcome).increment(1);
+}
+
+pub fn dead_letter(kind: &'static str) {
+    counter!(DEAD_LETTERS, "kind" => kind).increment(1);
+}
+
+pub fn retry(stage: &'static str) {
+    counter!(RETRIES, "stage" => stage).increment(1);
+}
+
+pub fn rebalance() {
+    counter!(REBALANCES).increment(1);
+}
+
+pub fn commit(ok: bool) {
+    counter!(COMMITS, "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+pub fn assigned(n: usize) {
+    gauge!(ASSIGNED).set(n as f64);
+}
+
+pub fn in_flight(n: usize) {
+    gauge!(IN_FLIGHT).set(n as f64);
+}
+
+pub fn event_duration(seconds: f64) {
+    metrics::histogram!(EVENT_DURATION).record(seconds);
+}
+
+pub fn consumer_lag(partition: i32, lag: i64) {
+    gauge!(LAG, "partition" => partition.to_string()).set(lag as f64);
+}
+
+/// Kafka errors by a small fixed set of kinds.
+pub fn kafka_error(e: &KafkaError) {
+    let kind = match e {
+        KafkaError::MessageProduction(_) => "produce",
+        KafkaError::MessageConsumption(_) | KafkaError::MessageConsumptionFatal(_) => "consume",
+        KafkaError::ConsumerCommit(_) => "commit",
+        KafkaError::Global(_) => "global",
+        KafkaError::MetadataFetch(_) => "metadata",
+        _ => "other",
+    };
+    counter!(KAFKA_ERRORS, "kind" => kind).increment(1);
+}

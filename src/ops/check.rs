@@ -1,0 +1,94 @@
+//! `deductor check`: the configuration is valid, Kafka answers with the
+//! topics, Redis answers and has the scripts. One line per check; secrets
+//! never printed.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::config::{redact_url, Settings};
+use crate::kafka::consumer::consumer_config;
+use crate::ledger::Ledger;
+
+/// Runs every check, printing one line each; true when all passed.
+pub async fn run(settings: &Settings) -> bool {
+    let mut ok = true;
+    let mut line = |name: &str, result: Result<String, String>| match result {
+        Ok(detail) => println!("ok    {name}: {detail}"),
+        Err(detail) => {
+            ok = false;
+            println!("FAIL  {name}: {detail}");
+        }
+    };
+    line(
+        "config",
+        Ok(format!(
+            "brokers {}, group {}, redis {}",
+            settings.kafka.brokers,
+            settings.kafka.group_id,
+            redact_url(&settings.redis.url)
+        )),
+    );
+
+    let k = settings.kafka.clone();
+    let kafka = tokio::task::spawn_blocking(move || -> Result<Vec<(String, usize)>, String> {
+        let consumer: BaseConsumer = consumer_config(&k).create().map_err(|e| e.to_string())?;
+        let md = consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(|e| format!("metadata from {}: {e}", k.brokers))?;
+        let mut found = Vec::new();
+        for t in [&k.input_topic, &k.outcome_topic, &k.dlq_topic] {
+            match md.topics().iter().find(|x| x.name() == t.as_str()) {
+                Some(x) if x.error().is_none() => found.push((t.clone(), x.partitions().len())),
+                _ => {
+                    return Err(format!(
+                        "topic {t} does not exist; create it (scripts/dev-stack topic {t} N)"
+                    ))
+                }
+            }
+        }
+        Ok(found)
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match kafka {
+        Ok(topics) => {
+            line("kafka", Ok(format!("{} answers", settings.kafka.brokers)));
+            for (t, n) in topics {
+                line("topic", Ok(format!("{t} ({n} partitions)")));
+            }
+        }
+        Err(e) => line("kafka", Err(e)),
+    }
+
+    match tokio::time::timeout(Duration::from_secs(10), Ledger::connect(&settings.redis)).await {
+        Err(_) => line(
+            "redis",
+            Err(format!(
+                "{}: no answer in 10s",
+                redact_url(&settings.redis.url)
+            )),
+        ),
+        Ok(Err(e)) => line("redis", Err(e.to_string())),
+        Ok(Ok(ledger)) => {
+            line(
+                "redis",
+                ledger
+                    .ping()
+                    .await
+                    .map(|_| format!("{} answers", redact_url(&settings.redis.url)))
+                    .map_err(|e| e.to_string()),
+            );
+            line(
+                "scripts",
+                ledger
+                    .load_scripts()
+                    .await
+                    .map(|_| "loaded".to_owned())
+                    .map_err(|e| e.to_string()),
+            );
+            ledger.quit().await;
+        }
+    }
+    ok
+}

@@ -1,0 +1,149 @@
+//! `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::ledger::Ledger;
+use crate::pipeline::Status;
+
+#[derive(Clone)]
+struct AppState {
+    metrics: PrometheusHandle,
+    status: Arc<Status>,
+    ledger: Option<Ledger>,
+    stall_timeout: Duration,
+}
+
+/// Installs the global Prometheus recorder (once per process).
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            &[
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ],
+        )?
+        .install_recorder()?;
+    crate::metrics::describe();
+    Ok(handle)
+}
+
+/// Serves until `shutdown` is cancelled.
+pub async fn serve(
+    listen: &str,
+    metrics: PrometheusHandle,
+    status: Arc<Status>,
+    ledger: Option<Ledger>,
+    stall_timeout: Duration,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let state = AppState {
+        metrics,
+        status,
+        ledger,
+        stall_timeout,
+    };
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("http.listen {listen}: {e}"))?;
+    tracing::info!(%listen, "http endpoints up");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    Ok(())
+}
+
+async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
+    s.metrics.run_upkeep();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        s.metrics.render(),
+    )
+}
+
+/// Liveness: the processing loop keeps making progress. It does not look
+/// at Kafka or Redis: an outage is waited out, not fixed by a restart.
+async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
+    let since = s.status.since_progress();
+    if since > s.stall_timeout {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stalled: no progress for {}s\n", since.as_secs()),
+        )
+    } else {
+        (StatusCode::OK, "ok\n".to_owned())
+    }
+}
+
+/// Readiness: partitions assigned and Redis answering.
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let assigned = s.status.assigned.load(Ordering::Relaxed);
+    if assigned == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no partitions assigned\n".to_owned(),
+        );
+    }
+    if let Some(l) = &s.ledger {
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(2), l.ping())
+            .await
+            .map_err(|_| "timeout".to_owned())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: redis: {e}\n"),
+            );
+        }
+    }
+    (StatusCode::OK, format!("ready: {assigned} partitions\n"))
+}
+
+/// `deductor healthcheck`: a minimal HTTP/1.0 GET, for images without curl.
+pub async fn probe(url: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("--url {url}: only http:// is supported"))?;
+    let (host, path) = match rest.split_once('/') {
+        Some((h, p)) => (h, format!("/{p}")),
+        None => (rest, "/".to_owned()),
+    };
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(host).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let buf = tokio::time::timeout(Duration::from_secs(5), io)
+        .await
+        .map_err(|_| anyhow::anyhow!("{url}: timed out"))?
+        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let status_line = text.lines().next().unwrap_or_default();
+    if status_line.split_whitespace().nth(1) == Some("200") {
+        Ok(())
+    } else {
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().trim();
+        anyhow::bail!("{url}: {status_line} {body}")
+    }
+}

@@ -1,0 +1,575 @@
+//! consume -> decide -> apply -> publish -> mark done: the only place where
+//! the order of the steps lives.
+//!
+//! One task reads the consumer group and hands each message to its
+//! partition's lane. A lane starts events in offset order, keeps up to
+//! `max_in_flight_per_partition` of them in flight (pipelined to Redis), but
+//! never two of one order, and marks each offset done only after Redis
+//! replied and the broker acknowledged the outcome or dead letter. Only
+//! watermarks are committed: on a timer, on revoke and at shutdown.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::TopicPartitionList;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::Settings;
+use crate::domain::event::{self, Event, InvalidEvent};
+use crate::domain::outcome::{self, Outcome, Source};
+use crate::error::Disposition;
+use crate::kafka::consumer::{self as group, Assignment, GroupConsumer};
+use crate::kafka::offsets::Offsets;
+use crate::kafka::publisher::{DeadLetter, Publisher};
+use crate::ledger::Ledger;
+use crate::metrics;
+use crate::retry::{retry, RetryError, RetryPolicy};
+
+/// Liveness and readiness facts, shared with the HTTP endpoints.
+#[derive(Debug, Default)]
+pub struct Status {
+    /// Partitions assigned now.
+    pub assigned: AtomicUsize,
+    /// Milliseconds since `started` of the last loop iteration that made
+    /// progress (a message handled, a commit, an idle poll).
+    pub last_progress_ms: AtomicU64,
+    /// Events acknowledged since start.
+    pub events_done: AtomicU64,
+    started: std::sync::OnceLock<Instant>,
+}
+
+impl Status {
+    fn origin(&self) -> Instant {
+        *self.started.get_or_init(Instant::now)
+    }
+
+    pub fn touch(&self) {
+        let ms = self.origin().elapsed().as_millis() as u64;
+        self.last_progress_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the loop last made progress.
+    pub fn since_progress(&self) -> Duration {
+        let now = self.origin().elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_progress_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Why an event did not complete.
+enum Failure {
+    /// Shutdown or revoke while it waited to retry: it stays uncommitted and
+    /// is redelivered.
+    Cancelled,
+    /// The service cannot go on.
+    Fatal(anyhow::Error),
+}
+
+/// Everything one event needs, shared by the lanes.
+struct Processor {
+    ledger: Ledger,
+    publisher: Publisher,
+    policy: RetryPolicy,
+    topic: String,
+}
+
+impl Processor {
+    async fn handle(
+        &self,
+        msg: &OwnedMessage,
+        parsed: &Result<Event, InvalidEvent>,
+        stop: &CancellationToken,
+    ) -> Result<(), Failure> {
+        let source = Source {
+            topic: self.topic.clone(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+        };
+        let outcome = match parsed {
+            Err(invalid) => {
+                tracing::warn!(kind = invalid.kind.as_str(), reason = %invalid.detail, "invalid event: dead-lettered");
+                let dl = DeadLetter {
+                    key: msg.key(),
+                    payload: msg.payload(),
+                    error: invalid,
+                    source: &source,
+                    timestamp_ms: msg.timestamp().to_millis(),
+                };
+                self.kafka(stop, || self.publisher.send_dead_letter(&dl))
+                    .await?;
+                metrics::dead_letter(invalid.kind.as_str());
+                match outcome::invalid(invalid, &source, &now()) {
+                    Some(o) => o,
+                    None => {
+                        metrics::event("invalid", "dead_letter");
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(Event::Placed(e)) => {
+                let d = self.redis(stop, || self.ledger.place(e)).await?;
+                outcome::placed(e, &d, &source, &now())
+            }
+            Ok(Event::Refunded(e)) => {
+                let d = self.redis(stop, || self.ledger.refund(e)).await?;
+                outcome::refunded(e, &d, &source, &now())
+            }
+        };
+        self.kafka(stop, || self.publisher.send_outcome(&outcome))
+            .await?;
+        record(parsed, &outcome);
+        Ok(())
+    }
+
+    async fn redis<T, F, Fut>(&self, stop: &CancellationToken, op: F) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, crate::ledger::LedgerError>>,
+    {
+        retry(
+            &self.policy,
+            stop,
+            |e: &crate::ledger::LedgerError| e.disposition(),
+            |e, delay| {
+                metrics::retry("redis");
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "redis unavailable; retrying");
+            },
+            op,
+        )
+        .await
+        .map_err(|e| match e {
+            RetryError::Cancelled(_) => Failure::Cancelled,
+            RetryError::Permanent(e) => Failure::Fatal(anyhow::Error::new(e).context("redis")),
+        })
+    }
+
+    async fn kafka<F, Fut>(&self, stop: &CancellationToken, op: F) -> Result<(), Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), crate::kafka::publisher::PublishError>>,
+    {
+        retry(
+            &self.policy,
+            stop,
+            |e: &crate::kafka::publisher::PublishError| e.disposition(),
+            |e, delay| {
+                metrics::retry("kafka");
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "kafka produce failed; retrying");
+            },
+            op,
+        )
+        .await
+        .map_err(|e| match e {
+            RetryError::Cancelled(_) => Failure::Cancelled,
+            RetryError::Permanent(e) => Failure::Fatal(anyhow::Error::new(e)),
+        })
+    }
+}
+
+fn record(parsed: &Result<Event, InvalidEvent>, o: &Outcome) {
+    let event_type = match parsed {
+        Ok(e) => e.event_type().as_str(),
+        Err(_) => "invalid",
+    };
+    let label = match o.reason {
+        Some(r) => r.as_str(),
+        None => o.kind.as_str(),
+    };
+    metrics::event(event_type, label);
+}
+
+fn now() -> String {
+    outcome::timestamp(chrono::Utc::now())
+}
+
+/// The key that orders events within a lane: never two of one order in flight.
+fn order_key(parsed: &Result<Event, InvalidEvent>, msg: &OwnedMessage) -> Option<String> {
+    match parsed {
+        Ok(e) => Some(e.header().order_id.to_string()),
+        Err(e) => e
+            .salvage
+            .order_id
+            .as_ref()
+            .map(|o| o.to_string())
+            .or_else(|| msg.key().map(|k| String::from_utf8_lossy(k).into_owned())),
+    }
+}
+
+struct Prepared {
+    msg: OwnedMessage,
+    parsed: Result<Event, InvalidEvent>,
+    order: Option<String>,
+}
+
+/// One partition's worker.
+struct Lane {
+    partition: i32,
+    rx: mpsc::Receiver<OwnedMessage>,
+    processor: Arc<Processor>,
+    offsets: Offsets,
+    global: Arc<Semaphore>,
+    capacity: usize,
+    /// Cancelled on revoke and at shutdown: start nothing new, stop retrying.
+    stop: CancellationToken,
+    fatal: mpsc::UnboundedSender<anyhow::Error>,
+    status: Arc<Status>,
+}
+
+impl Lane {
+    async fn run(mut self, predecessor: Option<JoinHandle<()>>) {
+        // At most one lane per partition works at a time in this process: a
+        // revoked lane finishes its in-flight events before its successor
+        // starts, so two copies of one event never race here.
+        if let Some(p) = predecessor {
+            let _ = p.await;
+        }
+        let generation = self.offsets.open(self.partition);
+        let mut in_flight = FuturesUnordered::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        let mut head: Option<Prepared> = None;
+        let mut closed = false;
+        loop {
+            if closed && in_flight.is_empty() {
+                break;
+            }
+            let startable = head.as_ref().is_some_and(|h| {
+                in_flight.len() < self.capacity
+                    && h.order.as_ref().is_none_or(|o| !busy.contains(o))
+            });
+            tokio::select! {
+                biased;
+                Some((offset, order, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(o) = order {
+                        busy.remove(&o);
+                    }
+                    match result {
+                        Ok(()) => {
+                            self.offsets.done(self.partition, generation, offset);
+                            self.status.events_done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Failure::Cancelled) => closed = true,
+                        Err(Failure::Fatal(e)) => {
+                            let _ = self.fatal.send(e);
+                            self.stop.cancel();
+                            closed = true;
+                        }
+                    }
+                }
+                _ = self.stop.cancelled(), if !closed => {
+                    closed = true;
+                    head = None;
+                }
+                permit = self.global.clone().acquire_owned(), if startable && !closed => {
+                    let Ok(permit) = permit else { closed = true; continue };
+                    if let Some(p) = head.take() {
+                        if let Some(o) = &p.order {
+                            busy.insert(o.clone());
+                        }
+                        self.offsets.begin(self.partition, generation, p.msg.offset());
+                        in_flight.push(self.start(p, permit));
+                    }
+                }
+                msg = self.rx.recv(), if head.is_none() && !closed => {
+                    match msg {
+                        Some(msg) => {
+                            let parsed = event::parse(msg.payload().unwrap_or_default());
+                            let order = order_key(&parsed, &msg);
+                            head = Some(Prepared { msg, parsed, order });
+                        }
+                        None => closed = true,
+                    }
+                }
+            }
+        }
+    }
+
+    fn start(
+        &self,
+        p: Prepared,
+        permit: OwnedSemaphorePermit,
+    ) -> impl std::future::Future<Output = (i64, Option<String>, Result<(), Failure>)> {
+        let processor = self.processor.clone();
+        let stop = self.stop.clone();
+        let span = tracing::info_span!(
+            "event",
+            topic = %processor.topic,
+            partition = p.msg.partition(),
+            offset = p.msg.offset(),
+            order_id = p.order.as_deref().unwrap_or(""),
+            event_id = match &p.parsed { Ok(e) => e.header().event_id.as_str(), Err(_) => "" },
+        );
+        async move {
+            let started = Instant::now();
+            let result = processor.handle(&p.msg, &p.parsed, &stop).await;
+            if result.is_ok() {
+                metrics::event_duration(started.elapsed().as_secs_f64());
+            }
+            drop(permit);
+            (p.msg.offset(), p.order, result)
+        }
+        .instrument(span)
+    }
+}
+
+/// The main loop's handle on a lane.
+struct LaneHandle {
+    tx: mpsc::Sender<OwnedMessage>,
+    stop: CancellationToken,
+    join: JoinHandle<()>,
+    /// Messages that did not fit while the lane was full; the partition is
+    /// paused until they are handed over.
+    stash: VecDeque<OwnedMessage>,
+}
+
+/// Runs the service until `shutdown` is cancelled (then drains, commits and
+/// leaves the group: Ok) or a fatal error occurs (Err).
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_status(settings, shutdown, Arc::new(Status::default())).await
+}
+
+pub async fn run_with_status(
+    settings: Settings,
+    shutdown: CancellationToken,
+    status: Arc<Status>,
+) -> anyhow::Result<()> {
+    let ledger = Ledger::connect(&settings.redis)
+        .await
+        .context("connecting to Redis")?;
+    let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
+    let offsets = Offsets::new();
+    let consumer =
+        group::create(&settings.kafka, offsets.clone()).context("creating the Kafka consumer")?;
+    consumer
+        .subscribe(&[&settings.kafka.input_topic])
+        .with_context(|| format!("subscribing to {}", settings.kafka.input_topic))?;
+    tracing::info!(topic = %settings.kafka.input_topic, group = %settings.kafka.group_id, "consuming");
+
+    let processor = Arc::new(Processor {
+        ledger: ledger.clone(),
+        publisher: publisher.clone(),
+        policy: RetryPolicy::from(&settings.retry),
+        topic: settings.kafka.input_topic.clone(),
+    });
+    let global = Arc::new(Semaphore::new(settings.pipeline.max_in_flight));
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
+    let capacity = settings.pipeline.max_in_flight_per_partition;
+    let mut lanes: HashMap<i32, LaneHandle> = HashMap::new();
+    let mut retiring: HashMap<i32, JoinHandle<()>> = HashMap::new();
+    let mut commit_tick =
+        tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
+    commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
+    let mut fatal: Option<anyhow::Error> = None;
+    status.touch();
+
+    loop {
+        let stashed = lanes.values().any(|l| !l.stash.is_empty());
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(e) = fatal_rx.recv() => {
+                fatal = Some(e);
+                break;
+            }
+            _ = commit_tick.tick() => {
+                commit(&consumer, &offsets, &settings.kafka.input_topic, CommitMode::Async);
+                metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
+                status.touch();
+            }
+            _ = stash_tick.tick(), if stashed => {
+                for (p, lane) in lanes.iter_mut() {
+                    flush_stash(&consumer, &settings.kafka.input_topic, *p, lane);
+                }
+            }
+            msg = consumer.recv() => {
+                status.touch();
+                apply_notes(&consumer, &mut lanes, &mut retiring, &status);
+                match msg {
+                    Ok(m) => {
+                        let m = m.detach();
+                        let p = m.partition();
+                        let lane = lanes.entry(p).or_insert_with(|| {
+                            let (tx, rx) = mpsc::channel(capacity);
+                            let stop = shutdown.child_token();
+                            let lane = Lane {
+                                partition: p,
+                                rx,
+                                processor: processor.clone(),
+                                offsets: offsets.clone(),
+                                global: global.clone(),
+                                capacity,
+                                stop: stop.clone(),
+                                fatal: fatal_tx.clone(),
+                                status: status.clone(),
+                            };
+                            let join = tokio::spawn(lane.run(retiring.remove(&p)));
+                            LaneHandle { tx, stop, join, stash: VecDeque::new() }
+                        });
+                        dispatch(&consumer, &settings.kafka.input_topic, p, lane, m);
+                    }
+                    Err(e) => {
+                        metrics::kafka_error(&e);
+                        match crate::kafka::publisher::classify(&e) {
+                            Disposition::Fatal => {
+                                fatal = Some(anyhow::Error::new(e).context("kafka consumer"));
+                                break;
+                            }
+                            _ => tracing::warn!(error = %e, "kafka consumer error; librdkafka reconnects by itself"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Drain: start nothing new, let in-flight events finish (bounded), then
+    // commit what was acknowledged and leave the group.
+    let drain = settings.drain_timeout();
+    tracing::info!(
+        in_flight = offsets.in_flight(),
+        drain_timeout_s = drain.as_secs(),
+        "draining"
+    );
+    let mut joins = Vec::new();
+    for (_, lane) in lanes.drain() {
+        lane.stop.cancel();
+        drop(lane.tx);
+        joins.push(lane.join);
+    }
+    joins.extend(retiring.into_values());
+    if tokio::time::timeout(drain, futures::future::join_all(joins))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = offsets.in_flight(),
+            "drain timeout: unfinished events stay uncommitted and are redelivered"
+        );
+    }
+    commit(
+        &consumer,
+        &offsets,
+        &settings.kafka.input_topic,
+        CommitMode::Sync,
+    );
+    if let Err(e) = publisher.flush(Duration::from_secs(5)) {
+        tracing::warn!(error = %e, "producer flush at shutdown");
+    }
+    consumer.unsubscribe();
+    drop(consumer);
+    ledger.quit().await;
+    match fatal {
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("stopped cleanly");
+            Ok(())
+        }
+    }
+}
+
+/// Retires the lanes of revoked partitions before the next message is handled.
+fn apply_notes(
+    consumer: &GroupConsumer,
+    lanes: &mut HashMap<i32, LaneHandle>,
+    retiring: &mut HashMap<i32, JoinHandle<()>>,
+    status: &Status,
+) {
+    for note in consumer.context().take_notes() {
+        match note {
+            Assignment::Revoked(parts) => {
+                for p in parts {
+                    if let Some(lane) = lanes.remove(&p) {
+                        lane.stop.cancel();
+                        retiring.insert(p, lane.join);
+                    }
+                }
+                status.assigned.store(0, Ordering::Relaxed);
+                metrics::assigned(0);
+            }
+            Assignment::Assigned(parts) => {
+                status.assigned.store(parts.len(), Ordering::Relaxed);
+                metrics::assigned(parts.len());
+            }
+        }
+    }
+    retiring.retain(|_, j| !j.is_finished());
+}
+
+fn partition_list(topic: &str, p: i32) -> TopicPartitionList {
+    let mut l = TopicPartitionList::new();
+    l.add_partition(topic, p);
+    l
+}
+
+/// Hands a message to its lane; when the lane is full the message is kept
+/// and the partition paused, so the loop keeps polling (rebalances, other
+/// partitions) while memory stays bounded.
+fn dispatch(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHandle, m: OwnedMessage) {
+    if !lane.stash.is_empty() {
+        lane.stash.push_back(m);
+        return;
+    }
+    match lane.tx.try_send(m) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(m)) => {
+            lane.stash.push_back(m);
+            if let Err(e) = consumer.pause(&partition_list(topic, p)) {
+                tracing::warn!(error = %e, partition = p, "pause failed");
+            }
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            // The lane stopped (fatal or shutdown); the message stays
+            // uncommitted and is redelivered.
+        }
+    }
+}
+
+fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHandle) {
+    if lane.stash.is_empty() {
+        return;
+    }
+    while let Some(m) = lane.stash.pop_front() {
+        match lane.tx.try_send(m) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(m)) => {
+                lane.stash.push_front(m);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                lane.stash.clear();
+                return;
+            }
+        }
+    }
+    if let Err(e) = consumer.resume(&partition_list(topic, p)) {
+        tracing::warn!(error = %e, partition = p, "resume failed");
+    }
+}
+
+/// Commits the watermarks that moved: the one place offsets are committed.
+fn commit(consumer: &GroupConsumer, offsets: &Offsets, topic: &str, mode: CommitMode) {
+    let commits = offsets.take_commits(None);
+    if commits.is_empty() {
+        return;
+    }
+    let result = group::commit_list(topic, &commits).and_then(|list| consumer.commit(&list, mode));
+    match result {
+        Ok(()) => {
+            metrics::commit(true);
+            tracing::debug!(?commits, "offsets committed");
+        }
+        Err(e) => {
+            metrics::commit(false);
+            offsets.commit_failed(&commits);
+            tracing::warn!(error = %e, "offset commit failed; retried on the next tick");
+        }
+    }
+}
