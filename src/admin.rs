@@ -1,0 +1,308 @@
+//! Operator tools as library functions (the CLI wires them up).
+//!
+//! `promo set` / `promo show`: create, replace and read a promotion hash
+//! (CONTRACT.md section 2). Besides the contract's fields, `promo set` stores
+//! `initial_budget` / `initial_stock`, which the scripts ignore, so that an
+//! audit can check `initial - remaining == outstanding`.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use fred::prelude::HashesInterface;
+
+use crate::domain::event::Id;
+use crate::ledger::{scripts, Ledger, LedgerError};
+
+/// Largest amount a promotion field may hold: 15 digits keep the scripts'
+/// Lua arithmetic exact.
+pub const MAX_PROMO_AMOUNT: u64 = 999_999_999_999_999;
+
+/// What `promo set` writes. `None` amounts are unlimited; `None` window
+/// bounds are open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromoSpec {
+    pub budget: Option<u64>,
+    pub stock: Option<u64>,
+    pub per_customer: Option<u64>,
+    /// Unix seconds, inclusive.
+    pub starts_at: Option<i64>,
+    /// Unix seconds, exclusive.
+    pub ends_at: Option<i64>,
+    pub paused: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromoSetResult {
+    Created,
+    /// `--force` replaced an existing promotion hash (records and per-customer
+    /// counters of the old one are kept).
+    Replaced,
+}
+
+impl fmt::Display for PromoSetResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PromoSetResult::Created => "created",
+            PromoSetResult::Replaced => "replaced",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("promotion {0} exists; pass --force to overwrite")]
+    Exists(Id),
+    #[error("invalid promotion: {0}")]
+    Invalid(String),
+    #[error("promotion {promotion} has corrupt data: field {field} = {value:?}")]
+    Corrupt {
+        promotion: Id,
+        field: String,
+        value: String,
+    },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// A promotion as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromoView {
+    pub promotion_id: Id,
+    /// Remaining budget; `None` = unlimited.
+    pub budget: Option<u64>,
+    pub stock: Option<u64>,
+    pub per_customer: Option<u64>,
+    pub paused: bool,
+    pub starts_at: Option<i64>,
+    pub ends_at: Option<i64>,
+    pub initial_budget: Option<u64>,
+    pub initial_stock: Option<u64>,
+}
+
+impl PromoSpec {
+    fn validate(&self) -> Result<(), AdminError> {
+        for (name, v) in [
+            ("budget", self.budget),
+            ("stock", self.stock),
+            ("per_customer", self.per_customer),
+        ] {
+            if v.is_some_and(|v| v > MAX_PROMO_AMOUNT) {
+                return Err(AdminError::Invalid(format!(
+                    "{name} must be at most {MAX_PROMO_AMOUNT}"
+                )));
+            }
+        }
+        for (name, v) in [("starts_at", self.starts_at), ("ends_at", self.ends_at)] {
+            if v.is_some_and(|v| !(0..=MAX_PROMO_AMOUNT as i64).contains(&v)) {
+                return Err(AdminError::Invalid(format!(
+                    "{name} must be unix seconds from 0 to {MAX_PROMO_AMOUNT}"
+                )));
+            }
+        }
+        if let (Some(s), Some(e)) = (self.starts_at, self.ends_at) {
+            if s >= e {
+                return Err(AdminError::Invalid(format!(
+                    "starts_at ({s}) must be before ends_at ({e})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The hash's field/value pairs.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut f = vec![(
+            "status",
+            if self.paused { "paused" } else { "active" }.to_owned(),
+        )];
+        let mut put = |name, v: Option<String>| {
+            if let Some(v) = v {
+                f.push((name, v));
+            }
+        };
+        put("budget", self.budget.map(|v| v.to_string()));
+        put("initial_budget", self.budget.map(|v| v.to_string()));
+        put("stock", self.stock.map(|v| v.to_string()));
+        put("initial_stock", self.stock.map(|v| v.to_string()));
+        put("per_customer", self.per_customer.map(|v| v.to_string()));
+        put("starts_at", self.starts_at.map(|v| v.to_string()));
+        put("ends_at", self.ends_at.map(|v| v.to_string()));
+        f
+    }
+}
+
+/// Creates promotion `p`, or with `force` replaces its whole hash; both in
+/// one script, so the existence check and the write cannot interleave with
+/// another writer.
+pub async fn promo_set(
+    ledger: &Ledger,
+    p: &Id,
+    spec: PromoSpec,
+    force: bool,
+) -> Result<PromoSetResult, AdminError> {
+    spec.validate()?;
+    let mut args = vec![if force { "1" } else { "0" }.to_owned()];
+    for (k, v) in spec.fields() {
+        args.push(k.to_owned());
+        args.push(v);
+    }
+    let key = ledger.keys().promotion(p);
+    let reply = ledger.run(&scripts::PROMO_SET, p, vec![key], args).await?;
+    match reply.as_str().as_deref() {
+        Some("created") => Ok(PromoSetResult::Created),
+        Some("replaced") => Ok(PromoSetResult::Replaced),
+        Some("exists") => Err(AdminError::Exists(p.clone())),
+        _ => Err(LedgerError::MalformedReply {
+            script: scripts::PROMO_SET.name,
+            detail: format!("{reply:?}"),
+        }
+        .into()),
+    }
+}
+
+/// Reads promotion `p`; `None` when it does not exist.
+pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, AdminError> {
+    let key = ledger.keys().promotion(p);
+    let h: HashMap<String, String> = ledger
+        .pool()
+        .hgetall(&key)
+        .await
+        .map_err(|e| LedgerError::redis("hgetall", e))?;
+    if h.is_empty() {
+        return Ok(None);
+    }
+    let corrupt = |field: &str, value: &str| AdminError::Corrupt {
+        promotion: p.clone(),
+        field: field.to_owned(),
+        value: value.to_owned(),
+    };
+    let num = |field: &str| -> Result<Option<u64>, AdminError> {
+        match h.get(field) {
+            None => Ok(None),
+            Some(v) if is_canonical(v) => Ok(Some(v.parse().map_err(|_| corrupt(field, v))?)),
+            Some(v) => Err(corrupt(field, v)),
+        }
+    };
+    let paused = match h.get("status").map(String::as_str) {
+        None | Some("active") => false,
+        Some("paused") => true,
+        Some(other) => return Err(corrupt("status", other)),
+    };
+    Ok(Some(PromoView {
+        promotion_id: p.clone(),
+        budget: num("budget")?,
+        stock: num("stock")?,
+        per_customer: num("per_customer")?,
+        paused,
+        starts_at: num("starts_at")?.map(|v| v as i64),
+        ends_at: num("ends_at")?.map(|v| v as i64),
+        initial_budget: num("initial_budget")?,
+        initial_stock: num("initial_stock")?,
+    }))
+}
+
+/// The contract's canonical integer: `0` or no leading zero, digits only,
+/// at most 15 of them.
+fn is_canonical(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'))
+}
+
+fn unix(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| secs.to_string())
+}
+
+impl fmt::Display for PromoView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.paused { "paused" } else { "active" };
+        writeln!(f, "promotion {}: {status}", self.promotion_id)?;
+        for (name, left, initial) in [
+            ("budget", self.budget, self.initial_budget),
+            ("stock", self.stock, self.initial_stock),
+        ] {
+            match (left, initial) {
+                (None, _) => writeln!(f, "  {name}: unlimited")?,
+                (Some(l), Some(i)) => writeln!(f, "  {name}: {l} remaining of {i}")?,
+                (Some(l), None) => writeln!(f, "  {name}: {l} remaining")?,
+            }
+        }
+        match self.per_customer {
+            None => writeln!(f, "  per customer: unlimited")?,
+            Some(n) => writeln!(f, "  per customer: {n} order(s)")?,
+        }
+        let from = self.starts_at.map(unix).unwrap_or_else(|| "always".into());
+        let until = self.ends_at.map(unix).unwrap_or_else(|| "forever".into());
+        write!(f, "  window: from {from} until {until} (end exclusive)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_numbers() {
+        for ok in ["0", "1", "42", "999999999999999"] {
+            assert!(is_canonical(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-3",
+            "1e3",
+            "007",
+            "abc",
+            " 5 ",
+            "9007199254740993",
+            "+1",
+        ] {
+            assert!(!is_canonical(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spec_validation() {
+        assert!(PromoSpec::default().validate().is_ok());
+        let bad = [
+            PromoSpec {
+                budget: Some(MAX_PROMO_AMOUNT + 1),
+                ..Default::default()
+            },
+            PromoSpec {
+                starts_at: Some(-1),
+                ..Default::default()
+            },
+            PromoSpec {
+                starts_at: Some(10),
+                ends_at: Some(10),
+                ..Default::default()
+            },
+        ];
+        for spec in bad {
+            assert!(spec.validate().is_err(), "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn view_displays_readably() {
+        let v = PromoView {
+            promotion_id: Id::parse("flash-42").unwrap(),
+            budget: Some(98_500),
+            stock: None,
+            per_customer: Some(1),
+            paused: false,
+            starts_at: Some(0),
+            ends_at: None,
+            initial_budget: Some(100_000),
+            initial_stock: None,
+        };
+        let s = v.to_string();
+        assert!(s.contains("flash-42: active"), "{s}");
+        assert!(s.contains("budget: 98500 remaining of 100000"), "{s}");
+        assert!(s.contains("stock: unlimited"), "{s}");
+        assert!(s.contains("1970-01-01T00:00:00Z"), "{s}");
+    }
+}

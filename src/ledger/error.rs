@@ -1,0 +1,238 @@
+//! Ledger errors and their classification, in one function.
+//!
+//! Redis errors are classified by the reply's error code (its first word:
+//! `BUSY`, `NOPERM`, our scripts' `CORRUPT` / `BADARG`, ...) and otherwise by
+//! fred's [`ErrorKind`]; never by message text.
+
+use std::fmt;
+use std::time::Duration;
+
+use fred::error::{Error as RedisError, ErrorKind};
+
+use crate::error::Disposition;
+
+/// What kind of failure a Redis error is; a small fixed set, also the `kind`
+/// label of `deductor_redis_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// The connection failed, closed or was canceled.
+    Connection,
+    /// No reply within the command (or connect) timeout.
+    Timeout,
+    /// The server is temporarily unable: BUSY, LOADING, TRYAGAIN, MASTERDOWN,
+    /// READONLY (failover), MISCONF, OOM, NOREPLICAS.
+    Busy,
+    /// Cluster state in flux: CLUSTERDOWN, MOVED/ASK beyond the redirection limit.
+    Cluster,
+    /// The node's script cache lacks the script (handled by reloading).
+    NoScript,
+    /// WRONGPASS, NOAUTH, NOPERM: the credentials or ACL are wrong.
+    Auth,
+    /// Bad URL, TLS or client configuration.
+    Config,
+    /// A script refused its arguments (`BADARG`) or the keys span slots: our bug.
+    BadArg,
+    /// A script found stored data that breaks the contract (`CORRUPT`).
+    Corrupt,
+    /// A reply of the wrong shape.
+    Reply,
+    /// Anything else (e.g. an `ERR` from a script runtime error).
+    Other,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Connection => "connection",
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::Busy => "busy",
+            ErrorClass::Cluster => "cluster",
+            ErrorClass::NoScript => "noscript",
+            ErrorClass::Auth => "auth",
+            ErrorClass::Config => "config",
+            ErrorClass::BadArg => "bad_argument",
+            ErrorClass::Corrupt => "corrupt",
+            ErrorClass::Reply => "reply",
+            ErrorClass::Other => "other",
+        }
+    }
+
+    /// Transient failures are retried; corrupt data rejects the event; the
+    /// rest means the service (or its code) cannot work as it is.
+    pub fn disposition(self) -> Disposition {
+        match self {
+            ErrorClass::Connection
+            | ErrorClass::Timeout
+            | ErrorClass::Busy
+            | ErrorClass::Cluster
+            | ErrorClass::NoScript => Disposition::Retry,
+            ErrorClass::Corrupt => Disposition::Reject,
+            ErrorClass::Auth
+            | ErrorClass::Config
+            | ErrorClass::BadArg
+            | ErrorClass::Reply
+            | ErrorClass::Other => Disposition::Fatal,
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one place Redis errors are classified.
+pub fn classify(e: &RedisError) -> ErrorClass {
+    let code = e.details().split_whitespace().next().unwrap_or("");
+    match code {
+        "CORRUPT" => return ErrorClass::Corrupt,
+        "BADARG" | "CROSSSLOT" => return ErrorClass::BadArg,
+        "NOSCRIPT" => return ErrorClass::NoScript,
+        "BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "MISCONF" | "OOM"
+        | "NOREPLICAS" => return ErrorClass::Busy,
+        "CLUSTERDOWN" | "MOVED" | "ASK" => return ErrorClass::Cluster,
+        "WRONGPASS" | "NOAUTH" | "NOPERM" => return ErrorClass::Auth,
+        _ => {}
+    }
+    match e.kind() {
+        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure => ErrorClass::Connection,
+        ErrorKind::Timeout => ErrorClass::Timeout,
+        ErrorKind::Cluster | ErrorKind::Routing => ErrorClass::Cluster,
+        ErrorKind::Auth => ErrorClass::Auth,
+        ErrorKind::Config | ErrorKind::Url | ErrorKind::Tls => ErrorClass::Config,
+        ErrorKind::Protocol | ErrorKind::Parse | ErrorKind::NotFound => ErrorClass::Reply,
+        _ => ErrorClass::Other,
+    }
+}
+
+/// A ledger operation failed; [`LedgerError::disposition`] says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// Redis (or the connection to it) failed; `op` is the script or command.
+    #[error("redis {op} failed ({class}): {cause}")]
+    Redis {
+        op: &'static str,
+        class: ErrorClass,
+        cause: RedisError,
+    },
+    /// A script replied with something other than its documented shape.
+    #[error("script {script} gave a malformed reply: {detail}")]
+    MalformedReply {
+        script: &'static str,
+        detail: String,
+    },
+    /// No connection within the connect timeout.
+    #[error("redis did not connect within {0:?}")]
+    ConnectTimeout(Duration),
+}
+
+impl LedgerError {
+    /// Wraps a fred error, classifies it and counts it.
+    pub(crate) fn redis(op: &'static str, cause: RedisError) -> LedgerError {
+        let e = LedgerError::Redis {
+            op,
+            class: classify(&cause),
+            cause,
+        };
+        e.count();
+        e
+    }
+
+    pub(crate) fn malformed(script: &'static str, detail: impl Into<String>) -> LedgerError {
+        let e = LedgerError::MalformedReply {
+            script,
+            detail: detail.into(),
+        };
+        e.count();
+        e
+    }
+
+    pub(crate) fn connect_timeout(after: Duration) -> LedgerError {
+        let e = LedgerError::ConnectTimeout(after);
+        e.count();
+        e
+    }
+
+    fn count(&self) {
+        metrics::counter!("deductor_redis_errors_total", "kind" => self.class().as_str())
+            .increment(1);
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            LedgerError::Redis { class, .. } => *class,
+            LedgerError::MalformedReply { .. } => ErrorClass::Reply,
+            LedgerError::ConnectTimeout(_) => ErrorClass::Timeout,
+        }
+    }
+
+    pub fn disposition(&self) -> Disposition {
+        self.class().disposition()
+    }
+
+    /// Stored data broke the contract; the script wrote nothing.
+    pub fn is_corrupt(&self) -> bool {
+        self.class() == ErrorClass::Corrupt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(details: &'static str) -> RedisError {
+        // fred gives server error replies without a recognized code the kind `Unknown`.
+        RedisError::new(ErrorKind::Unknown, details)
+    }
+
+    #[test]
+    fn codes_win_over_kinds() {
+        for (details, class) in [
+            ("CORRUPT promo:{p} budget: -3", ErrorClass::Corrupt),
+            ("BADARG budget: x", ErrorClass::BadArg),
+            ("NOSCRIPT No matching script", ErrorClass::NoScript),
+            ("BUSY Redis is busy running a script", ErrorClass::Busy),
+            ("LOADING Redis is loading", ErrorClass::Busy),
+            ("TRYAGAIN Multiple keys request", ErrorClass::Busy),
+            ("CLUSTERDOWN The cluster is down", ErrorClass::Cluster),
+            ("NOPERM this user has no permissions", ErrorClass::Auth),
+            ("ERR user_script:1: oops", ErrorClass::Other),
+        ] {
+            assert_eq!(classify(&reply(details)), class, "{details}");
+        }
+        assert_eq!(
+            classify(&RedisError::new(ErrorKind::Auth, "WRONGPASS invalid")),
+            ErrorClass::Auth
+        );
+    }
+
+    #[test]
+    fn kinds_without_codes() {
+        for (kind, class) in [
+            (ErrorKind::IO, ErrorClass::Connection),
+            (ErrorKind::Canceled, ErrorClass::Connection),
+            (ErrorKind::Timeout, ErrorClass::Timeout),
+            (ErrorKind::Cluster, ErrorClass::Cluster),
+            (ErrorKind::Url, ErrorClass::Config),
+            (ErrorKind::Config, ErrorClass::Config),
+            (ErrorKind::Protocol, ErrorClass::Reply),
+        ] {
+            assert_eq!(
+                classify(&RedisError::new(kind.clone(), "x")),
+                class,
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dispositions() {
+        assert_eq!(ErrorClass::Timeout.disposition(), Disposition::Retry);
+        assert_eq!(ErrorClass::Busy.disposition(), Disposition::Retry);
+        assert_eq!(ErrorClass::Corrupt.disposition(), Disposition::Reject);
+        assert_eq!(ErrorClass::Auth.disposition(), Disposition::Fatal);
+        assert_eq!(ErrorClass::BadArg.disposition(), Disposition::Fatal);
+        assert_eq!(ErrorClass::Reply.disposition(), Disposition::Fatal);
+    }
+}

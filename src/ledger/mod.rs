@@ -1,0 +1,349 @@
+//! Redis: the scripts and the order-level logic around them.
+//!
+//! One script call decides one line atomically ([`scripts`]); this module
+//! makes orders out of lines: a multi-line placement is all-or-nothing
+//! (earlier lines are released when a later one is rejected) and decides the
+//! same way on every delivery (a stored rejection of the event on any line is
+//! looked up first). The calls of one order are awaited one after another,
+//! so any pooled connection may carry them.
+
+pub mod error;
+pub mod scripts;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::prelude::{
+    Builder, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, TcpConfig, Value,
+};
+use fred::types::config::UnresponsiveConfig;
+
+use crate::config::RedisSettings;
+use crate::domain::decision::{
+    AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,
+};
+use crate::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine};
+use crate::domain::keys::Keys;
+
+pub use error::{classify, ErrorClass, LedgerError};
+use scripts::{LineReply, Script};
+
+/// The Redis side of deductor. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct Ledger {
+    pool: Pool,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    keys: Keys,
+    record_ttl: String,
+    refund_ttl: String,
+    slow_script: Duration,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("prefix", &self.shared.keys.prefix())
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Builds the pool from `settings` and waits (bounded) until every
+    /// connection is up. Credentials in `settings` override the URL's.
+    pub async fn connect(settings: &RedisSettings) -> Result<Ledger, LedgerError> {
+        let mut config =
+            Config::from_url(&settings.url).map_err(|e| LedgerError::redis("connect", e))?;
+        if !settings.username.is_empty() {
+            config.username = Some(settings.username.clone());
+        }
+        if !settings.password.is_empty() {
+            config.password = Some(settings.password.clone());
+        }
+        // The first connection must succeed (or fail) now; later drops are
+        // reconnected by the policy below.
+        config.fail_fast = true;
+        let command_timeout = Duration::from_millis(settings.command_timeout_ms.max(1));
+        let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
+        let unresponsive = (command_timeout * 2).max(Duration::from_secs(1));
+        let pool = Builder::from_config(config)
+            .with_performance_config(|p| {
+                // fred's default is no timeout: a lost reply would hang a partition.
+                p.default_command_timeout = command_timeout;
+            })
+            .with_connection_config(|c| {
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = connect_timeout.max(command_timeout);
+                // A command in flight when its connection drops is resent (a
+                // script may run twice; the records make that harmless).
+                c.max_command_attempts = 3;
+                c.max_redirections = 5;
+                c.unresponsive = UnresponsiveConfig {
+                    max_timeout: Some(unresponsive),
+                    interval: (unresponsive / 4).max(Duration::from_millis(100)),
+                };
+                c.tcp = TcpConfig {
+                    nodelay: Some(true),
+                    ..TcpConfig::default()
+                };
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
+            .build_pool(settings.pool_size.max(1))
+            .map_err(|e| LedgerError::redis("connect", e))?;
+
+        let wait = connect_timeout * 2 + Duration::from_secs(1);
+        let failure = match tokio::time::timeout(wait, pool.init()).await {
+            Ok(Ok(_driver)) => None,
+            Ok(Err(e)) => Some(LedgerError::redis("connect", e)),
+            Err(_) => Some(LedgerError::connect_timeout(wait)),
+        };
+        if let Some(e) = failure {
+            let _ = tokio::time::timeout(Duration::from_secs(1), pool.quit()).await;
+            return Err(e);
+        }
+        Ok(Ledger {
+            pool,
+            shared: Arc::new(Shared {
+                keys: Keys::new(settings.key_prefix.clone()),
+                record_ttl: settings.record_ttl_secs.to_string(),
+                refund_ttl: settings.refund_ttl_secs.to_string(),
+                slow_script: Duration::from_millis(settings.slow_script_ms),
+            }),
+        })
+    }
+
+    /// The key layout under this ledger's prefix.
+    pub fn keys(&self) -> &Keys {
+        &self.shared.keys
+    }
+
+    /// The underlying pool, for admin tools (audit scans) and tests.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// One round trip, for readiness.
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        self.pool
+            .ping::<Value>(None)
+            .await
+            .map(drop)
+            .map_err(|e| LedgerError::redis("ping", e))
+    }
+
+    /// `SCRIPT LOAD`s every script on every primary (for `deductor check`
+    /// and startup; calls would load them lazily anyway).
+    pub async fn load_scripts(&self) -> Result<(), LedgerError> {
+        for script in scripts::all() {
+            self.pool
+                .script_load_cluster::<Value, _>(script.body)
+                .await
+                .map_err(|e| LedgerError::redis("script_load", e))?;
+        }
+        Ok(())
+    }
+
+    /// Closes every connection.
+    pub async fn quit(&self) {
+        let _ = self.pool.quit().await;
+    }
+
+    /// Decides and applies an `OrderPlaced`, all lines or none.
+    pub async fn place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
+        let h = &e.header;
+        if e.lines.len() > 1 {
+            // One decision per event: a redelivery of a rejected event is
+            // rejected again, whatever the other lines would say now.
+            for line in &e.lines {
+                let p = &line.promotion_id;
+                let memo = self.keys().rejected(p, &h.event_id);
+                let found = match self.run(&scripts::MEMO, p, vec![memo], vec![]).await {
+                    Ok(reply) => scripts::decode_memo(reply)?,
+                    Err(err) if err.is_corrupt() => {
+                        self.report_corrupt(h, p, &err);
+                        self.release(h, &e.lines).await?;
+                        return Ok(rejected(false, Reason::CorruptPromotion, p));
+                    }
+                    Err(err) => return Err(err),
+                };
+                if let Some(reason) = found {
+                    // An earlier delivery may have stopped before releasing.
+                    self.release(h, &e.lines).await?;
+                    return Ok(rejected(true, reason, p));
+                }
+            }
+        }
+        let mut accepted = Vec::with_capacity(e.lines.len());
+        let mut all_duplicate = true;
+        for (i, line) in e.lines.iter().enumerate() {
+            let p = &line.promotion_id;
+            let reply = match self.deduct(h, line).await {
+                Ok(reply) => reply,
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, p, &err);
+                    self.release(h, &e.lines[..i]).await?;
+                    return Ok(rejected(false, Reason::CorruptPromotion, p));
+                }
+                Err(err) => return Err(err),
+            };
+            match reply.status {
+                Ok(()) => {
+                    all_duplicate &= reply.duplicate;
+                    accepted.push(AcceptedLine {
+                        promotion_id: p.clone(),
+                        budget: reply.budget,
+                        stock: reply.stock,
+                        remaining: reply.remaining,
+                    });
+                }
+                Err(reason) => {
+                    self.release(h, &e.lines[..i]).await?;
+                    return Ok(rejected(reply.duplicate, reason, p));
+                }
+            }
+        }
+        Ok(PlaceDecision::Accepted {
+            duplicate: all_duplicate,
+            lines: accepted,
+        })
+    }
+
+    /// Applies an `OrderRefunded`, each line on its own.
+    pub async fn refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
+        let h = &e.header;
+        let mut lines = Vec::with_capacity(e.lines.len());
+        for line in &e.lines {
+            let p = &line.promotion_id;
+            let keys = self
+                .keys()
+                .rollback_line(p, &h.order_id, &h.customer_id, &h.event_id);
+            let args = vec![
+                line.budget.map(|b| b.to_string()).unwrap_or_default(),
+                line.stock.map(|s| s.to_string()).unwrap_or_default(),
+                self.shared.record_ttl.clone(),
+                self.shared.refund_ttl.clone(),
+            ];
+            let result = match self.run(&scripts::ROLLBACK, p, keys.as_vec(), args).await {
+                Ok(reply) => {
+                    let r = scripts::decode_line(&scripts::ROLLBACK, "applied", reply)?;
+                    refund_line(p, r)
+                }
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, p, &err);
+                    RefundLineResult {
+                        promotion_id: p.clone(),
+                        status: Err(Reason::CorruptPromotion),
+                        duplicate: false,
+                        budget: 0,
+                        stock: 0,
+                        remaining: Remaining::default(),
+                    }
+                }
+                Err(err) => return Err(err),
+            };
+            lines.push(result);
+        }
+        Ok(RefundDecision { lines })
+    }
+
+    async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
+        let p = &line.promotion_id;
+        let keys = self
+            .keys()
+            .deduct_line(p, &h.order_id, &h.customer_id, &h.event_id);
+        let args = vec![
+            line.budget.to_string(),
+            line.stock.to_string(),
+            h.occurred_at.to_string(),
+            h.event_id.to_string(),
+            self.shared.record_ttl.clone(),
+            self.shared.refund_ttl.clone(),
+        ];
+        let reply = self.run(&scripts::DEDUCT, p, keys.as_vec(), args).await?;
+        scripts::decode_line(&scripts::DEDUCT, "accepted", reply)
+    }
+
+    /// Releases what this event deducted on `lines` (no-op where it deducted
+    /// nothing). A line with corrupt data is reported and skipped: it keeps
+    /// its (consistent) record, and the other lines are still released.
+    async fn release(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
+        for line in lines {
+            let p = &line.promotion_id;
+            let k = self
+                .keys()
+                .deduct_line(p, &h.order_id, &h.customer_id, &h.event_id);
+            let keys = vec![k.promotion, k.used, k.record];
+            match self
+                .run(&scripts::RELEASE, p, keys, vec![h.event_id.to_string()])
+                .await
+            {
+                Ok(reply) => {
+                    if scripts::decode_release(reply)? {
+                        tracing::debug!(promotion = %p, order = %h.order_id, "released line");
+                    }
+                }
+                Err(err) if err.is_corrupt() => self.report_corrupt(h, p, &err),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one script for promotion `p`, timed.
+    pub(crate) async fn run(
+        &self,
+        script: &Script,
+        p: &Id,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, LedgerError> {
+        let start = Instant::now();
+        let result = scripts::eval(&self.pool, script, keys, args).await;
+        let took = start.elapsed();
+        metrics::histogram!("deductor_script_duration_seconds", "script" => script.name)
+            .record(took.as_secs_f64());
+        if took > self.shared.slow_script {
+            tracing::warn!(
+                script = script.name,
+                promotion = %p,
+                elapsed_ms = took.as_millis() as u64,
+                "slow Redis script"
+            );
+            metrics::counter!("deductor_slow_scripts_total", "script" => script.name).increment(1);
+        }
+        result.map_err(|e| LedgerError::redis(script.name, e))
+    }
+
+    fn report_corrupt(&self, h: &Header, p: &Id, err: &LedgerError) {
+        tracing::error!(
+            promotion = %p,
+            order = %h.order_id,
+            event = %h.event_id,
+            error = %err,
+            "corrupt promotion data; the line is rejected corrupt_promotion and nothing is written"
+        );
+        metrics::counter!("deductor_corrupt_data_total").increment(1);
+    }
+}
+
+fn rejected(duplicate: bool, reason: Reason, p: &Id) -> PlaceDecision {
+    PlaceDecision::Rejected {
+        duplicate,
+        reason,
+        promotion_id: p.clone(),
+    }
+}
+
+fn refund_line(p: &Id, r: LineReply) -> RefundLineResult {
+    RefundLineResult {
+        promotion_id: p.clone(),
+        status: r.status,
+        duplicate: r.duplicate,
+        budget: r.budget,
+        stock: r.stock,
+        remaining: r.remaining,
+    }
+}

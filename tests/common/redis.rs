@@ -1,0 +1,269 @@
+//! Redis helpers for integration tests: a [`Ledger`] on the real standalone
+//! Redis or Cluster under a key prefix of its own (tests run in parallel and
+//! never flush), seeding, raw script calls, and dumps of every key under the
+//! prefix to compare before and after.
+//!
+//! A test that cannot reach Redis fails: it never skips.
+
+use std::collections::{BTreeMap, HashMap};
+
+use deductor::config::RedisSettings;
+use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
+use deductor::domain::keys::Keys;
+use deductor::ledger::Ledger;
+use fred::prelude::*;
+use futures::TryStreamExt;
+
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const DEFAULT_CLUSTER_URL: &str =
+    "redis-cluster://127.0.0.1:7001?node=127.0.0.1:7002&node=127.0.0.1:7003";
+
+/// `DEDUCTOR_REDIS_URL`, or the loopback default.
+pub fn redis_url() -> String {
+    std::env::var("DEDUCTOR_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
+}
+
+/// `DEDUCTOR_REDIS_CLUSTER_URL`, or the loopback default.
+pub fn cluster_url() -> String {
+    std::env::var("DEDUCTOR_REDIS_CLUSTER_URL").unwrap_or_else(|_| DEFAULT_CLUSTER_URL.to_owned())
+}
+
+/// A key prefix no other test (or run) uses.
+pub fn unique_prefix() -> String {
+    format!("t{:016x}", rand::random::<u64>())
+}
+
+/// Settings for tests: the service defaults with `url` and `prefix`.
+pub fn settings(url: &str, prefix: &str) -> RedisSettings {
+    RedisSettings {
+        url: url.to_owned(),
+        username: String::new(),
+        password: String::new(),
+        pool_size: 2,
+        command_timeout_ms: 5_000,
+        connect_timeout_ms: 2_000,
+        key_prefix: prefix.to_owned(),
+        record_ttl_secs: 2_592_000,
+        refund_ttl_secs: 604_800,
+        slow_script_ms: 1_000,
+    }
+}
+
+pub fn id(s: &str) -> Id {
+    Id::parse(s).unwrap_or_else(|e| panic!("bad test id {s:?}: {e}"))
+}
+
+/// An `OrderPlaced` with lines `(promotion, budget, stock)`.
+pub fn placed(
+    event: &str,
+    order: &str,
+    customer: &str,
+    at: i64,
+    lines: &[(&str, u64, u64)],
+) -> OrderPlaced {
+    OrderPlaced {
+        header: header(event, order, customer, at),
+        lines: lines
+            .iter()
+            .map(|&(p, budget, stock)| PlaceLine {
+                promotion_id: id(p),
+                budget,
+                stock,
+            })
+            .collect(),
+    }
+}
+
+/// An `OrderRefunded` with lines `(promotion, budget, stock)`; `None` = everything.
+pub fn refunded(
+    event: &str,
+    order: &str,
+    customer: &str,
+    lines: &[(&str, Option<u64>, Option<u64>)],
+) -> OrderRefunded {
+    OrderRefunded {
+        header: header(event, order, customer, 1_800_000_000),
+        lines: lines
+            .iter()
+            .map(|&(p, budget, stock)| RefundLine {
+                promotion_id: id(p),
+                budget,
+                stock,
+            })
+            .collect(),
+    }
+}
+
+fn header(event: &str, order: &str, customer: &str, at: i64) -> Header {
+    Header {
+        event_id: id(event),
+        order_id: id(order),
+        customer_id: id(customer),
+        occurred_at: at,
+    }
+}
+
+/// One key as dumped: its type and value, and whether it has a TTL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dumped {
+    pub value: DumpedValue,
+    pub expires: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DumpedValue {
+    String(String),
+    Hash(BTreeMap<String, String>),
+    Other(String),
+}
+
+pub type Dump = BTreeMap<String, Dumped>;
+
+/// A ledger on a real Redis under its own prefix.
+pub struct TestRedis {
+    pub ledger: Ledger,
+    pub prefix: String,
+    pub url: String,
+    pub cluster: bool,
+}
+
+/// A ledger on the standalone Redis; fails the test when unreachable.
+pub async fn standalone() -> TestRedis {
+    connect(&redis_url(), false).await
+}
+
+/// A ledger on the Redis Cluster; fails the test when unreachable.
+pub async fn cluster() -> TestRedis {
+    connect(&cluster_url(), true).await
+}
+
+async fn connect(url: &str, cluster: bool) -> TestRedis {
+    let prefix = unique_prefix();
+    let ledger = Ledger::connect(&settings(url, &prefix))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot reach Redis at {url} (start it with scripts/dev-stack): {e}")
+        });
+    TestRedis {
+        ledger,
+        prefix,
+        url: url.to_owned(),
+        cluster,
+    }
+}
+
+impl TestRedis {
+    pub fn keys(&self) -> &Keys {
+        self.ledger.keys()
+    }
+
+    pub fn pool(&self) -> &Pool {
+        self.ledger.pool()
+    }
+
+    /// Replaces promotion `p`'s hash with `fields` (raw: anything may be stored).
+    pub async fn seed(&self, p: &str, fields: &[(&str, &str)]) {
+        let key = self.keys().promotion(&id(p));
+        let _: () = self.pool().del(&key).await.unwrap();
+        self.hset(&key, fields).await;
+    }
+
+    pub async fn hset(&self, key: &str, fields: &[(&str, &str)]) {
+        if fields.is_empty() {
+            return;
+        }
+        let map: HashMap<String, String> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let _: () = self.pool().hset(key, map).await.unwrap();
+    }
+
+    pub async fn set(&self, key: &str, value: &str) {
+        let _: () = self
+            .pool()
+            .set(key, value, None, None, false)
+            .await
+            .unwrap();
+    }
+
+    pub async fn del(&self, key: &str) {
+        let _: () = self.pool().del(key).await.unwrap();
+    }
+
+    pub async fn get(&self, key: &str) -> Option<String> {
+        self.pool().get(key).await.unwrap()
+    }
+
+    pub async fn hgetall(&self, key: &str) -> BTreeMap<String, String> {
+        let h: HashMap<String, String> = self.pool().hgetall(key).await.unwrap();
+        h.into_iter().collect()
+    }
+
+    /// A field of promotion `p`'s hash.
+    pub async fn promo_field(&self, p: &str, field: &str) -> Option<String> {
+        let key = self.keys().promotion(&id(p));
+        self.pool().hget(key, field).await.unwrap()
+    }
+
+    /// Runs a script body with EVAL, bypassing the ledger.
+    pub async fn eval(
+        &self,
+        body: &str,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, Error> {
+        self.pool().eval(body, keys, args).await
+    }
+
+    /// Every key under this test's prefix.
+    pub async fn dump(&self) -> Dump {
+        let pattern = format!("{}:*", self.prefix);
+        let client = self.pool().next();
+        let keys: Vec<Key> = if self.cluster {
+            client
+                .scan_cluster_buffered(pattern, Some(500), None)
+                .try_collect()
+                .await
+                .unwrap()
+        } else {
+            client
+                .scan_buffered(pattern, Some(500), None)
+                .try_collect()
+                .await
+                .unwrap()
+        };
+        let mut out = Dump::new();
+        for key in keys {
+            let name = key.as_str().expect("utf-8 key").to_owned();
+            let kind: String = self.pool().r#type(&name).await.unwrap();
+            let value = match kind.as_str() {
+                "string" => DumpedValue::String(self.get(&name).await.unwrap_or_default()),
+                "hash" => DumpedValue::Hash(self.hgetall(&name).await),
+                "none" => continue,
+                other => DumpedValue::Other(other.to_owned()),
+            };
+            let ttl: i64 = self.pool().pttl(&name).await.unwrap();
+            out.insert(
+                name,
+                Dumped {
+                    value,
+                    expires: ttl > 0,
+                },
+            );
+        }
+        out
+    }
+}
+
+/// Keys whose dump differs between `a` and `b` (added, removed or changed).
+pub fn diff(a: &Dump, b: &Dump) -> Vec<String> {
+    let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect()
+}
