@@ -57,7 +57,12 @@ pub enum LogFormatArg {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service: consume orders, deduct, publish outcomes.
-    Run,
+    Run {
+        /// Exit 0 once every assigned partition is processed to its end
+        /// (pipeline.exit_when_drained): for demos, benchmarks, replays.
+        #[arg(long)]
+        until_drained: bool,
+    },
     /// Validate the configuration and reach Kafka, Redis and the topics.
     Check,
     /// Create, replace or show a promotion.
@@ -152,6 +157,12 @@ impl Cli {
     /// Loads the settings with this command line's flags as the top layer.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
         let mut overrides = Vec::new();
+        if let Command::Run {
+            until_drained: true,
+        } = self.command
+        {
+            overrides.push(("pipeline.exit_when_drained".to_owned(), "true".to_owned()));
+        }
         if let Some(b) = &self.brokers {
             overrides.push(("kafka.brokers".to_owned(), b.clone()));
         }

@@ -21,7 +21,7 @@ fn promotion_id(s: &str) -> anyhow::Result<Id> {
 
 pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run => {
+        Command::Run { .. } => {
             run(settings).await?;
             Ok(ExitCode::SUCCESS)
         }

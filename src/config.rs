@@ -67,6 +67,7 @@ pub struct PipelineSettings {
     pub max_in_flight: usize,
     pub commit_interval_ms: u64,
     pub drain_timeout_secs: u64,
+    pub exit_when_drained: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

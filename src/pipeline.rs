@@ -383,6 +383,10 @@ pub async fn run_with_status(
                 commit(&consumer, &offsets, &settings.kafka.input_topic, CommitMode::Async);
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
                 status.touch();
+                if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, &settings.kafka.input_topic) {
+                    tracing::info!("every assigned partition is processed to its end: stopping");
+                    break;
+                }
             }
             _ = stash_tick.tick(), if stashed => {
                 for (p, lane) in lanes.iter_mut() {
@@ -391,7 +395,7 @@ pub async fn run_with_status(
             }
             msg = consumer.recv() => {
                 status.touch();
-                apply_notes(&consumer, &mut lanes, &mut retiring, &status);
+                apply_notes(&consumer, &settings.kafka.input_topic, &mut lanes, &mut retiring, &status);
                 match msg {
                     Ok(m) => {
                         let m = m.detach();
@@ -478,6 +482,7 @@ pub async fn run_with_status(
 /// Retires the lanes of revoked partitions before the next message is handled.
 fn apply_notes(
     consumer: &GroupConsumer,
+    topic: &str,
     lanes: &mut HashMap<i32, LaneHandle>,
     retiring: &mut HashMap<i32, JoinHandle<()>>,
     status: &Status,
@@ -495,6 +500,15 @@ fn apply_notes(
                 metrics::assigned(0);
             }
             Assignment::Assigned(parts) => {
+                // A partition paused by a full lane before a revoke must not
+                // come back paused: its new lane starts empty.
+                let mut list = TopicPartitionList::new();
+                for p in &parts {
+                    list.add_partition(topic, *p);
+                }
+                if let Err(e) = consumer.resume(&list) {
+                    tracing::debug!(error = %e, "resume on assign");
+                }
                 status.assigned.store(parts.len(), Ordering::Relaxed);
                 metrics::assigned(parts.len());
             }
@@ -552,6 +566,38 @@ fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHan
     if let Err(e) = consumer.resume(&partition_list(topic, p)) {
         tracing::warn!(error = %e, partition = p, "resume failed");
     }
+}
+
+/// True when partitions are assigned and each is processed to its end
+/// (nothing in flight, watermark or committed offset at the high watermark).
+/// Blocking metadata calls: only used with `exit_when_drained`.
+fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) -> bool {
+    if offsets.in_flight() > 0 {
+        return false;
+    }
+    let Ok(assignment) = consumer.assignment() else {
+        return false;
+    };
+    let parts = assignment.elements_for_topic(topic);
+    if parts.is_empty() {
+        return false;
+    }
+    let timeout = Duration::from_secs(2);
+    let Ok(committed) = consumer.committed_offsets(assignment.clone(), timeout) else {
+        return false;
+    };
+    parts.iter().all(|e| {
+        let p = e.partition();
+        let Ok((low, high)) = consumer.fetch_watermarks(topic, p, timeout) else {
+            return false;
+        };
+        let done = offsets.watermark(p).unwrap_or(-1);
+        let committed = match committed.find_partition(topic, p).map(|x| x.offset()) {
+            Some(rdkafka::Offset::Offset(o)) => o,
+            _ => -1,
+        };
+        high == low || done.max(committed) >= high
+    })
 }
 
 /// Commits the watermarks that moved: the one place offsets are committed.
