@@ -178,7 +178,8 @@ local function main()
   if memo then return reply('rejected', memo, 1, 0, 0) end
   -- 1./2. A record of this order: a deducted order stays deducted; a record reverted
   -- after this very event deducted it means the event was accepted (one decision per
-  -- event); any other reverted record (refund tombstone, another event) rejects.
+  -- event; the project's change to step 2, see docs/contract.md); any other reverted
+  -- record (refund tombstone, another event) rejects.
   if rec then
     if rec.state == 'deducted' or rec.event == event then
       return reply('accepted', '', 1, rec.budget0, rec.stock0)
