@@ -12,7 +12,6 @@ use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine,
 use deductor::domain::keys::Keys;
 use deductor::ledger::Ledger;
 use fred::prelude::*;
-use futures::TryStreamExt;
 
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const DEFAULT_CLUSTER_URL: &str =
@@ -216,44 +215,131 @@ impl TestRedis {
         self.pool().eval(body, keys, args).await
     }
 
-    /// Every key under this test's prefix.
+    /// Every key under this test's prefix, read in one script per primary.
     pub async fn dump(&self) -> Dump {
-        let pattern = format!("{}:*", self.prefix);
-        let client = self.pool().next();
-        let keys: Vec<Key> = if self.cluster {
-            client
-                .scan_cluster_buffered(pattern, Some(500), None)
-                .try_collect()
-                .await
-                .unwrap()
-        } else {
-            client
-                .scan_buffered(pattern, Some(500), None)
-                .try_collect()
-                .await
-                .unwrap()
-        };
         let mut out = Dump::new();
-        for key in keys {
-            let name = key.as_str().expect("utf-8 key").to_owned();
-            let kind: String = self.pool().r#type(&name).await.unwrap();
-            let value = match kind.as_str() {
-                "string" => DumpedValue::String(self.get(&name).await.unwrap_or_default()),
-                "hash" => DumpedValue::Hash(self.hgetall(&name).await),
-                "none" => continue,
-                other => DumpedValue::Other(other.to_owned()),
+        for reply in per_primary(self.pool().next(), self.cluster, DUMP_LUA, &self.pattern()).await
+        {
+            let Value::Array(entries) = reply else {
+                panic!("dump reply {reply:?}")
             };
-            let ttl: i64 = self.pool().pttl(&name).await.unwrap();
-            out.insert(
-                name,
-                Dumped {
-                    value,
-                    expires: ttl > 0,
-                },
-            );
+            for entry in entries {
+                let Value::Array(e) = entry else {
+                    panic!("dump entry {entry:?}")
+                };
+                let [name, kind, ttl, value] = <[Value; 4]>::try_from(e).expect("4 items");
+                let name = name.as_string().expect("key name");
+                let strings = |v: Value| -> Vec<String> {
+                    let Value::Array(items) = v else {
+                        panic!("dump value {v:?}")
+                    };
+                    items
+                        .into_iter()
+                        .map(|i| i.as_string().expect("string"))
+                        .collect()
+                };
+                let value = match kind.as_string().as_deref() {
+                    Some("string") => DumpedValue::String(strings(value).remove(0)),
+                    Some("hash") => {
+                        let flat = strings(value);
+                        DumpedValue::Hash(
+                            flat.chunks(2)
+                                .map(|c| (c[0].clone(), c[1].clone()))
+                                .collect(),
+                        )
+                    }
+                    Some("none") => continue,
+                    other => DumpedValue::Other(format!("{other:?}")),
+                };
+                let expires = ttl.as_i64().expect("pttl") > 0;
+                out.insert(name, Dumped { value, expires });
+            }
         }
         out
     }
+
+    fn pattern(&self) -> String {
+        format!("{}:*", self.prefix)
+    }
+}
+
+/// Deletes the test's keys when it passed (a failed test keeps them for a look).
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let (url, pattern, cluster) = (self.url.clone(), self.pattern(), self.cluster);
+        // Drop cannot await: clean up on a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = Builder::from_config(Config::from_url(&url).unwrap())
+                    .build()
+                    .unwrap();
+                if client.init().await.is_ok() {
+                    per_primary(&client, cluster, CLEANUP_LUA, &pattern).await;
+                    let _ = client.quit().await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// `{ {key, type, pttl, {values...}}, ... }` of every key matching ARGV[1] on this node.
+const DUMP_LUA: &str = r#"
+local out, cursor = {}, '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
+  cursor = r[1]
+  for _, k in ipairs(r[2]) do
+    local t = redis.call('TYPE', k).ok
+    local v = {}
+    if t == 'string' then v = { redis.call('GET', k) } elseif t == 'hash' then v = redis.call('HGETALL', k) end
+    table.insert(out, { k, t, redis.call('PTTL', k), v })
+  end
+until cursor == '0'
+return out
+"#;
+
+/// Deletes every key matching ARGV[1] on this node.
+const CLEANUP_LUA: &str = r#"
+local cursor, n = '0', 0
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
+  cursor = r[1]
+  for _, k in ipairs(r[2]) do n = n + redis.call('UNLINK', k) end
+until cursor == '0'
+return n
+"#;
+
+/// Runs a key-less script on the server, or on every primary of a Cluster.
+async fn per_primary(client: &Client, cluster: bool, body: &str, pattern: &str) -> Vec<Value> {
+    if !cluster {
+        let reply = client
+            .eval::<Value, _, _, _>(body, Vec::<String>::new(), vec![pattern.to_owned()])
+            .await
+            .expect("script on the server");
+        return vec![reply];
+    }
+    let primaries = client
+        .cached_cluster_state()
+        .expect("cluster state")
+        .unique_primary_nodes();
+    let mut out = Vec::new();
+    for server in primaries {
+        let reply = client
+            .with_cluster_node(server)
+            .eval::<Value, _, _, _>(body, Vec::<String>::new(), vec![pattern.to_owned()])
+            .await
+            .expect("script on a primary");
+        out.push(reply);
+    }
+    out
 }
 
 /// Keys whose dump differs between `a` and `b` (added, removed or changed).
