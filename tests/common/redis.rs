@@ -332,9 +332,11 @@ async fn per_primary(client: &Client, cluster: bool, body: &str, pattern: &str) 
         .unique_primary_nodes();
     let mut out = Vec::new();
     for server in primaries {
+        // fred routes EVAL by its keys even with a cluster node set, so the
+        // script goes out as a custom command, which honours the node.
         let reply = client
             .with_cluster_node(server)
-            .eval::<Value, _, _, _>(body, Vec::<String>::new(), vec![pattern.to_owned()])
+            .custom::<Value, _>(fred::cmd!("EVAL"), vec![body, "0", pattern])
             .await
             .expect("script on a primary");
         out.push(reply);
