@@ -1,0 +1,454 @@
+//! Kafka helpers for integration tests: locate the broker through
+//! `DEDUCTOR_KAFKA_BROKERS` (loopback default), a fresh input / outcome /
+//! dead-letter topic triple and consumer group per test, producing events
+//! keyed by `order_id`, reading a whole topic back, and the committed offsets
+//! of a group.
+//!
+//! A test that cannot reach Kafka fails: it never skips. Blocking librdkafka
+//! calls run on the blocking pool, so an in-process service on the same
+//! runtime keeps running.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+
+/// `DEDUCTOR_KAFKA_BROKERS`, or the loopback default.
+pub fn brokers() -> String {
+    std::env::var("DEDUCTOR_KAFKA_BROKERS").unwrap_or_else(|_| DEFAULT_BROKERS.to_owned())
+}
+
+/// A name no other test (or run) uses: `t-<label>-<random>`.
+pub fn unique(label: &str) -> String {
+    format!(
+        "t-{label}-{:012x}",
+        rand::random::<u64>() & 0xffff_ffff_ffff
+    )
+}
+
+/// The topics and consumer group of one test.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub input: String,
+    pub outcome: String,
+    pub dlq: String,
+    pub group: String,
+    pub partitions: i32,
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("creating a Kafka admin client")
+}
+
+/// Creates a fresh input / outcome / dead-letter topic triple (each with
+/// `partitions` partitions) and names a fresh consumer group. Fails the test
+/// when Kafka cannot be reached.
+pub async fn fresh_topics(label: &str, partitions: i32) -> Topics {
+    let base = unique(label);
+    let t = Topics {
+        input: format!("{base}.in"),
+        outcome: format!("{base}.out"),
+        dlq: format!("{base}.dlq"),
+        group: format!("{base}.group"),
+        partitions,
+    };
+    create_topics(&[&t.input, &t.outcome, &t.dlq], partitions).await;
+    t
+}
+
+/// Creates topics and waits until every partition has a leader.
+pub async fn create_topics(names: &[&str], partitions: i32) {
+    let new: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(20)))
+        .request_timeout(Some(Duration::from_secs(20)));
+    let results = admin()
+        .create_topics(new.iter(), &opts)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach Kafka at {} (start it with scripts/dev-stack up): {e}",
+                brokers()
+            )
+        });
+    for r in results {
+        if let Err((name, code)) = r {
+            panic!(
+                "creating topic {name} on {}: {code} (is Kafka up? scripts/dev-stack up)",
+                brokers()
+            );
+        }
+    }
+    for name in names {
+        wait_for_leaders(name, partitions).await;
+    }
+}
+
+async fn wait_for_leaders(topic: &str, partitions: i32) {
+    let topic = topic.to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = topic.clone();
+        let ready = tokio::task::spawn_blocking(move || {
+            let c = metadata_consumer();
+            let md = c.fetch_metadata(Some(&t), Duration::from_secs(5)).ok()?;
+            let mt = md.topics().iter().find(|x| x.name() == t)?;
+            Some(
+                mt.error().is_none()
+                    && mt.partitions().len() == partitions as usize
+                    && mt.partitions().iter().all(|p| p.leader() >= 0),
+            )
+        })
+        .await
+        .unwrap();
+        if ready == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} has no leader for every partition after 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn metadata_consumer() -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("creating a Kafka client")
+}
+
+/// An idempotent, `acks=all` producer.
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("creating a Kafka producer")
+}
+
+/// Where a record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Placed {
+    pub partition: i32,
+    pub offset: i64,
+    /// The record's timestamp (ms) as the broker stored it.
+    pub timestamp: i64,
+}
+
+/// One raw record to produce.
+#[derive(Debug, Clone, Default)]
+pub struct Raw {
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// Forces a partition (None: the key decides).
+    pub partition: Option<i32>,
+    /// Explicit timestamp in ms (None: the producer's clock).
+    pub timestamp: Option<i64>,
+}
+
+/// Produces `records` in order (all in flight at once, acks awaited);
+/// returns where each landed.
+pub async fn produce_raw(topic: &str, records: &[Raw]) -> Vec<Placed> {
+    let p = producer();
+    let sends = records.iter().map(|r| {
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+        if let Some(k) = &r.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &r.payload {
+            rec = rec.payload(v.as_slice());
+        }
+        if let Some(part) = r.partition {
+            rec = rec.partition(part);
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        p.send(rec, Duration::from_secs(30))
+    });
+    join_all(sends)
+        .await
+        .into_iter()
+        .map(|r| match r {
+            Ok(d) => Placed {
+                partition: d.partition,
+                offset: d.offset,
+                timestamp: d.timestamp.to_millis().unwrap_or(-1),
+            },
+            Err((e, _)) => panic!("producing to {topic} on {}: {e}", brokers()),
+        })
+        .collect()
+}
+
+/// Produces JSON events keyed by their `order_id`, in order.
+pub async fn produce_events(topic: &str, events: &[Value]) -> Vec<Placed> {
+    let raws: Vec<Raw> = events
+        .iter()
+        .map(|e| Raw {
+            key: e["order_id"].as_str().map(|s| s.as_bytes().to_vec()),
+            payload: Some(serde_json::to_vec(e).unwrap()),
+            ..Raw::default()
+        })
+        .collect();
+    produce_raw(topic, &raws).await
+}
+
+/// A record read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// Header name -> value (UTF-8, lossy); repeated names keep the last.
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Record {
+    /// The payload as JSON; panics when it is not.
+    pub fn json(&self) -> Value {
+        let bytes = self.payload.as_deref().unwrap_or_default();
+        serde_json::from_slice(bytes).unwrap_or_else(|e| {
+            panic!(
+                "record {}@{} is not JSON ({e}): {}",
+                self.partition,
+                self.offset,
+                String::from_utf8_lossy(bytes)
+            )
+        })
+    }
+
+    pub fn key_str(&self) -> Option<String> {
+        self.key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+}
+
+fn record_of<M: Message>(m: &M) -> Record {
+    let mut headers = BTreeMap::new();
+    if let Some(h) = m.headers() {
+        for Header { key, value } in h.iter() {
+            headers.insert(
+                key.to_owned(),
+                value
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    Record {
+        partition: m.partition(),
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis(),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
+
+/// Per-partition high watermarks (the log end) of `topic`.
+pub async fn end_offsets(topic: &str) -> BTreeMap<i32, i64> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let c = metadata_consumer();
+        let md = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of {topic} from {}: {e}", brokers()));
+        let parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+        parts
+            .into_iter()
+            .map(|p| {
+                let (_, high) = c
+                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                    .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"));
+                (p, high)
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Reads `topic` from the beginning until `done(records so far)` holds, then
+/// on to the log end as it is at that moment (so repeats written before it
+/// are seen too). Panics after `timeout` with what was read.
+pub async fn read_until(
+    topic: &str,
+    timeout: Duration,
+    mut done: impl FnMut(&[Record]) -> bool,
+) -> Vec<Record> {
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("creating a Kafka reader");
+    let ends = end_offsets(topic).await;
+    let mut tpl = TopicPartitionList::new();
+    for p in ends.keys() {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).expect("assigning the reader");
+    let deadline = Instant::now() + timeout;
+    let mut out: Vec<Record> = Vec::new();
+    let mut target: Option<BTreeMap<i32, i64>> = None;
+    let mut next: BTreeMap<i32, i64> = ends.keys().map(|p| (*p, 0)).collect();
+    loop {
+        if target.is_none() && done(&out) {
+            target = Some(end_offsets(topic).await);
+        }
+        if let Some(t) = &target {
+            if t.iter()
+                .all(|(p, end)| next.get(p).copied().unwrap_or(0) >= *end)
+            {
+                return out;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let summary: Vec<String> = out
+                .iter()
+                .rev()
+                .take(5)
+                .map(|r| {
+                    String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned()
+                })
+                .collect();
+            panic!(
+                "reading {topic}: condition not met after {timeout:?}; {} records read (last: {summary:?})",
+                out.len()
+            );
+        }
+        match tokio::time::timeout(left.min(Duration::from_millis(250)), c.recv()).await {
+            Ok(Ok(m)) => {
+                let r = record_of(&m);
+                next.insert(r.partition, r.offset + 1);
+                out.push(r);
+            }
+            Ok(Err(e)) => panic!("reading {topic}: {e}"),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reads exactly `n` records of `topic` (and fails if more are there at that
+/// moment).
+pub async fn read_n(topic: &str, n: usize, timeout: Duration) -> Vec<Record> {
+    let out = read_until(topic, timeout, |r| r.len() >= n).await;
+    assert_eq!(out.len(), n, "{topic}: expected {n} records, found more");
+    out
+}
+
+/// Reads `topic` up to its current log end.
+pub async fn read_all(topic: &str) -> Vec<Record> {
+    read_until(topic, Duration::from_secs(60), |_| true).await
+}
+
+/// The committed offsets of `group` on `topic`'s partitions (None: nothing
+/// committed).
+pub async fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("creating a Kafka client");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(&topic, p);
+        }
+        let got = c
+            .committed_offsets(tpl, Duration::from_secs(15))
+            .unwrap_or_else(|e| panic!("committed offsets of {group} on {topic}: {e}"));
+        got.elements_for_topic(&topic)
+            .iter()
+            .map(|e| {
+                let o = match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                };
+                (e.partition(), o)
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until the committed offsets of `group` equal the log end of
+/// `topic` on every partition; returns them.
+pub async fn wait_committed_to_end(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> BTreeMap<i32, i64> {
+    let ends = end_offsets(topic).await;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let c = committed(group, topic, partitions).await;
+        let reached = ends
+            .iter()
+            .all(|(p, end)| *end == 0 || c.get(p).copied().flatten() == Some(*end));
+        if reached {
+            return ends;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {group}: committed {c:?}, log end {ends:?} after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Records of `records` grouped by the string field `field` of their JSON.
+pub fn by_field(records: &[Record], field: &str) -> BTreeMap<String, Vec<Value>> {
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for r in records {
+        let v = r.json();
+        let k = v[field].as_str().unwrap_or("<none>").to_owned();
+        out.entry(k).or_default().push(v);
+    }
+    out
+}
+
+/// The distinct `(partition, offset)` sources named by outcome records.
+pub fn sources(records: &[Record]) -> BTreeSet<(i32, i64)> {
+    records
+        .iter()
+        .map(|r| {
+            let v = r.json();
+            (
+                v["source"]["partition"].as_i64().unwrap() as i32,
+                v["source"]["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}

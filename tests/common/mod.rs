@@ -1,0 +1,8 @@
+//! Shared helpers of the integration tests: locate the real services through
+//! env vars with loopback defaults (see `scripts/dev-stack env`).
+#![allow(dead_code)]
+
+pub mod kafka;
+pub mod redis;
+pub mod service;
+pub mod workload;

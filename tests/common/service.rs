@@ -1,0 +1,292 @@
+//! Running the real service in tests: in-process with a
+//! [`CancellationToken`] (`pipeline::run`), or as a child `deductor run`
+//! process for kill tests. A [`Fixture`] holds one test's fresh topics,
+//! consumer group and Redis key prefix, and builds the settings for both.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use deductor::admin::{self, PromoSpec};
+use deductor::config::Settings;
+use deductor::domain::event::Id;
+use deductor::ledger::Ledger;
+use deductor::pipeline;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::kafka::{self, Topics};
+use super::redis;
+
+static TRACING: Once = Once::new();
+
+/// Sets up tracing once per test binary (captured by the test harness;
+/// `RUST_LOG` overrides the default filter).
+pub fn init_tracing() {
+    TRACING.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,deductor=info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// One test's world: fresh topics and group, a fresh Redis key prefix.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub topics: Topics,
+    pub prefix: String,
+    pub redis_url: String,
+    pub brokers: String,
+}
+
+impl Fixture {
+    /// Creates the topics (`partitions` each); fails when Kafka is down.
+    pub async fn new(label: &str, partitions: i32) -> Fixture {
+        init_tracing();
+        Fixture {
+            topics: kafka::fresh_topics(label, partitions).await,
+            prefix: redis::unique_prefix(),
+            redis_url: redis::redis_url(),
+            brokers: kafka::brokers(),
+        }
+    }
+
+    /// The settings every test run uses, as `section.key` pairs: quick
+    /// commits and rebalances, no HTTP, short retry caps.
+    pub fn overrides(&self) -> Vec<(String, String)> {
+        let t = &self.topics;
+        [
+            ("kafka.brokers", self.brokers.as_str()),
+            ("kafka.input_topic", &t.input),
+            ("kafka.outcome_topic", &t.outcome),
+            ("kafka.dlq_topic", &t.dlq),
+            ("kafka.group_id", &t.group),
+            ("kafka.consumer.session.timeout.ms", "6000"),
+            ("kafka.consumer.heartbeat.interval.ms", "1000"),
+            ("redis.url", &self.redis_url),
+            ("redis.key_prefix", &self.prefix),
+            ("pipeline.commit_interval_ms", "200"),
+            ("pipeline.drain_timeout_secs", "20"),
+            ("retry.max_interval_ms", "1000"),
+            ("http.listen", ""),
+            ("log.format", "pretty"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    /// Settings for an in-process run, with `extra` overrides on top.
+    pub fn settings(&self, extra: &[(&str, &str)]) -> Settings {
+        let mut o = self.overrides();
+        o.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Settings::load_from_env(None, &o, Vec::<(String, String)>::new())
+            .unwrap_or_else(|e| panic!("test settings: {e}"))
+    }
+
+    /// `DEDUCTOR_*` variables that configure a child process like
+    /// [`Fixture::settings`], with `extra` (`section.key`) on top.
+    pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut o = self.overrides();
+        o.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        o.into_iter().map(|(k, v)| (env_name(&k), v)).collect()
+    }
+
+    /// A ledger under this fixture's prefix; fails when Redis is down.
+    pub async fn ledger(&self) -> Ledger {
+        Ledger::connect(&redis::settings(&self.redis_url, &self.prefix))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach Redis at {} (scripts/dev-stack up): {e}",
+                    self.redis_url
+                )
+            })
+    }
+
+    /// Creates promotion `p` under this fixture's prefix.
+    pub async fn promo(&self, ledger: &Ledger, p: &str, spec: PromoSpec) {
+        let id = Id::parse(p).unwrap();
+        admin::promo_set(ledger, &id, spec, false)
+            .await
+            .unwrap_or_else(|e| panic!("promo set {p}: {e}"));
+    }
+}
+
+/// `kafka.consumer.session.timeout.ms` -> `DEDUCTOR_KAFKA_CONSUMER_SESSION_TIMEOUT_MS`.
+fn env_name(key: &str) -> String {
+    format!("DEDUCTOR_{}", key.replace('.', "_").to_uppercase())
+}
+
+/// The service running in this process.
+pub struct InProcess {
+    token: CancellationToken,
+    handle: JoinHandle<anyhow::Result<()>>,
+    pub status: std::sync::Arc<pipeline::Status>,
+}
+
+/// Starts `pipeline::run_with_status` on the current runtime.
+pub fn start(settings: Settings) -> InProcess {
+    init_tracing();
+    let token = CancellationToken::new();
+    let status = std::sync::Arc::new(pipeline::Status::default());
+    let handle = tokio::spawn(pipeline::run_with_status(
+        settings,
+        token.clone(),
+        status.clone(),
+    ));
+    InProcess {
+        token,
+        handle,
+        status,
+    }
+}
+
+impl InProcess {
+    /// Cancels the token and waits for `run` to return; fails the test when
+    /// it does not within `within`. Returns run's result and how long the
+    /// stop took.
+    pub async fn stop(self, within: Duration) -> (anyhow::Result<()>, Duration) {
+        let started = Instant::now();
+        self.token.cancel();
+        match tokio::time::timeout(within, self.handle).await {
+            Ok(Ok(result)) => (result, started.elapsed()),
+            Ok(Err(join)) => panic!("the service task panicked: {join}"),
+            Err(_) => panic!("the service did not stop within {within:?}"),
+        }
+    }
+
+    /// True when `run` returned (a fatal error, since nobody cancelled it).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Fails the test with run's error if it stopped by itself.
+    pub async fn assert_running(&mut self) {
+        if self.handle.is_finished() {
+            let r = (&mut self.handle).await;
+            panic!("the service stopped by itself: {r:?}");
+        }
+    }
+}
+
+/// The path of the `deductor` binary built for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_deductor"))
+}
+
+/// A `deductor` command with the environment cleaned of inherited
+/// `DEDUCTOR_*` variables (the dev-stack exports some the config does not
+/// know) and set to `env`.
+pub fn command(env: &[(String, String)]) -> Command {
+    let mut c = Command::new(binary());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUCTOR_") {
+            c.env_remove(&k);
+        }
+    }
+    c.env_remove("RUST_LOG");
+    c.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    c
+}
+
+/// A `deductor run` child process; its output goes to a log file.
+pub struct ChildService {
+    child: std::process::Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Spawns `deductor <args>` with `env` (see [`command`]).
+pub fn spawn(env: &[(String, String)], args: &[&str]) -> ChildService {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("deductor.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = command(env)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {}: {e}", binary().display()));
+    ChildService {
+        child,
+        log,
+        _dir: dir,
+    }
+}
+
+impl ChildService {
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits up to `within` for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -TERM {pid} failed");
+        self.wait(within)
+            .unwrap_or_else(|| panic!("deductor did not exit within {within:?} of SIGTERM"))
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub fn wait(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The exit status if the process already exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// The last `n` lines of the process's output.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Fails the test (with the log) if the process exited.
+    pub fn assert_running(&mut self) {
+        if let Some(s) = self.exited() {
+            panic!(
+                "deductor exited by itself ({s}); log:\n{}",
+                self.log_tail(40)
+            );
+        }
+    }
+}
+
+impl Drop for ChildService {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
