@@ -1,0 +1,229 @@
+{{/*
+Names, labels and the rendering of config.toml.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "deductor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of every resource: fullnameOverride, or <release>-<name> (just
+<release> when it already contains the name). At most 52 characters, so that
+a StatefulSet pod name with its controller-revision-hash label stays within 63.
+*/}}
+{{- define "deductor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* chart-version, for the helm.sh/chart label. */}}
+{{- define "deductor.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The labels that select the pods: never change them after the first install. */}}
+{{- define "deductor.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "deductor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The standard labels of every resource. */}}
+{{- define "deductor.labels" -}}
+helm.sh/chart: {{ include "deductor.chart" . }}
+{{ include "deductor.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "deductor.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: consumer
+app.kubernetes.io/part-of: {{ .Values.partOf }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccount the pods run as. */}}
+{{- define "deductor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "deductor.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "deductor.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{/* repository:tag, or repository@digest when a digest is given. */}}
+{{- define "deductor.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "deductor.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the passwords, or "" when there is none. */}}
+{{- define "deductor.secretName" -}}
+{{- if .Values.secret.existingSecret }}
+{{- .Values.secret.existingSecret }}
+{{- else if or .Values.secret.redisPassword .Values.secret.kafkaSaslPassword }}
+{{- include "deductor.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{/* config.pipeline.drain_timeout_secs, or the service's default (20). */}}
+{{- define "deductor.drainTimeout" -}}
+{{- $pipeline := default dict .Values.config.pipeline }}
+{{- if hasKey $pipeline "drain_timeout_secs" }}
+{{- int64 $pipeline.drain_timeout_secs }}
+{{- else }}
+{{- 20 }}
+{{- end }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: above the drain timeout, so that Kubernetes
+never SIGKILLs a pod that is still draining (which would be safe, since
+nothing is committed before it is done, but replays work and rebalances late).
+*/}}
+{{- define "deductor.terminationGracePeriod" -}}
+{{- $drain := include "deductor.drainTimeout" . | int64 }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $drain .Values.terminationGraceMarginSeconds }}
+{{- else }}
+{{- $grace := int64 .Values.terminationGracePeriodSeconds }}
+{{- if lt $grace (add $drain 5 | int64) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least config.pipeline.drain_timeout_secs + 5 (%d): the pod needs the drain timeout plus time to commit and leave the group; raise it, or set it to null to derive it" $grace (add $drain 5)) }}
+{{- end }}
+{{- $grace }}
+{{- end }}
+{{- end }}
+
+{{/* Refuse replica counts the input topic cannot feed. */}}
+{{- define "deductor.validate" -}}
+{{- $partitions := int64 .Values.kafka.inputPartitions }}
+{{- $keda := .Values.autoscaling.keda }}
+{{- if $keda.enabled }}
+{{- if gt (int64 $keda.maxReplicaCount) $partitions }}
+{{- fail (printf "autoscaling.keda.maxReplicaCount (%d) is above kafka.inputPartitions (%d): a consumer beyond the partition count gets no partition and stays unready; lower maxReplicaCount or add partitions to the input topic first" (int64 $keda.maxReplicaCount) $partitions) }}
+{{- end }}
+{{- if gt (int64 $keda.minReplicaCount) (int64 $keda.maxReplicaCount) }}
+{{- fail (printf "autoscaling.keda.minReplicaCount (%d) is above maxReplicaCount (%d)" (int64 $keda.minReplicaCount) (int64 $keda.maxReplicaCount)) }}
+{{- end }}
+{{- else if gt (int64 .Values.replicaCount) $partitions }}
+{{- fail (printf "replicaCount (%d) is above kafka.inputPartitions (%d): a consumer beyond the partition count gets no partition and stays unready; lower replicaCount or add partitions to the input topic first" (int64 .Values.replicaCount) $partitions) }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) }}
+{{- fail "serviceMonitor.enabled needs service.enabled: the ServiceMonitor scrapes the metrics Service" }}
+{{- end }}
+{{- end }}
+
+{{/*
+config.toml from .Values.config, plus the keys the chart owns (http.listen).
+Values arrive from YAML as float64, so integral numbers are printed as
+integers; librdkafka properties are always strings.
+*/}}
+{{- define "deductor.configToml" -}}
+{{- $cfg := deepCopy (default dict .Values.config) }}
+{{- $http := default dict $cfg.http }}
+{{- $_ := set $http "listen" (printf "0.0.0.0:%d" (int64 .Values.httpPort)) }}
+{{- $_ := set $cfg "http" $http }}
+# Rendered by the deductor Helm chart from .Values.config; keys as in
+# config/default.toml. Secrets come from the environment, never from here.
+{{- range $section := keys $cfg | sortAlpha }}
+{{- $table := get $cfg $section }}
+{{ include "deductor.tomlTable" (dict "path" (list $section) "table" $table) }}
+{{- end }}
+{{- end }}
+
+{{/* One TOML table: its scalar keys, then its sub-tables. */}}
+{{- define "deductor.tomlTable" -}}
+{{- $path := .path }}
+{{- $stringsOnly := and (eq (len $path) 2) (eq (index $path 0) "kafka") }}
+{{- $header := list }}
+{{- range $path }}{{ $header = append $header (toJson .) }}{{ end }}
+[{{ join "." $header }}]
+{{- range $k := keys .table | sortAlpha }}
+{{- $v := get $.table $k }}
+{{- if and (not (kindIs "map" $v)) (not (kindIs "invalid" $v)) }}
+{{ toJson $k }} = {{ if $stringsOnly }}{{ include "deductor.tomlString" $v }}{{ else }}{{ include "deductor.tomlValue" $v }}{{ end }}
+{{- end }}
+{{- end }}
+{{- range $k := keys .table | sortAlpha }}
+{{- $v := get $.table $k }}
+{{- if kindIs "map" $v }}
+{{ include "deductor.tomlTable" (dict "path" (append $path $k) "table" $v) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "deductor.tomlValue" -}}
+{{- if kindIs "string" . }}
+{{- toJson . }}
+{{- else if kindIs "bool" . }}
+{{- . }}
+{{- else if or (kindIs "float64" .) (kindIs "float32" .) }}
+{{- if eq (floor .) (float64 .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else if kindIs "slice" . }}
+{{- $items := list }}
+{{- range . }}{{ $items = append $items (include "deductor.tomlValue" .) }}{{ end }}
+{{- printf "[%s]" (join ", " $items) }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/* A librdkafka property: always a TOML string. */}}
+{{- define "deductor.tomlString" -}}
+{{- if or (kindIs "float64" .) (kindIs "float32" .) }}
+{{- if eq (floor .) (float64 .) }}{{ int64 . | toString | toJson }}{{ else }}{{ toString . | toJson }}{{ end }}
+{{- else }}
+{{- toString . | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The pod's environment: config file, static membership, secrets, extras. */}}
+{{- define "deductor.env" -}}
+- name: DEDUCTOR_CONFIG
+  value: /etc/deductor/config.toml
+{{- if .Values.staticMembership.enabled }}
+- name: DEDUCTOR_KAFKA_GROUP_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+{{- $secret := include "deductor.secretName" . }}
+{{- if $secret }}
+{{- $existing := .Values.secret.existingSecret }}
+{{- if or $existing .Values.secret.redisPassword }}
+- name: DEDUCTOR_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .Values.secret.keys.redisPassword }}
+      optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
+{{- if or $existing .Values.secret.kafkaSaslPassword }}
+{{- range $client := list "CONSUMER" "PRODUCER" }}
+- name: DEDUCTOR_KAFKA_{{ $client }}_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $.Values.secret.keys.kafkaSaslPassword }}
+      optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
