@@ -289,6 +289,18 @@ fn parse_strict(bytes: &[u8]) -> Result<Event, InvalidEvent> {
             )
         }
     })?;
+    // serde's derived struct visitor also reads a JSON array positionally,
+    // so `["OrderPlaced","e","o","c","2026-...Z",[...]]` would parse as a
+    // placement. The contract says the value is one JSON object.
+    if !text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
+        return Err(invalid(
+            InvalidKind::Shape,
+            "event must be a JSON object, got an array",
+        ));
+    }
 
     let kind = match &raw.kind {
         None => return Err(invalid(InvalidKind::MissingField, "type is required")),
@@ -594,6 +606,7 @@ mod tests {
             ("not json", b"{nope".to_vec(), NotJson),
             ("empty", b"".to_vec(), NotJson),
             ("array", b"[1,2]".to_vec(), Shape),
+            ("positional array", br#" ["OrderPlaced","e1","o1","c1","2026-11-29T10:00:00Z",[{"promotion_id":"p"}]]"#.to_vec(), Shape),
             ("string", b"\"x\"".to_vec(), Shape),
             ("not utf8", b"{\"type\":\"OrderPlaced\xff\"}".to_vec(), NotUtf8),
             ("too large", {
