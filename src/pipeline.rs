@@ -379,6 +379,10 @@ pub async fn run_with_status(
                 fatal = Some(e);
                 break;
             }
+            failure = publisher.fatal() => {
+                fatal = Some(anyhow::Error::new(failure).context("kafka producer"));
+                break;
+            }
             _ = commit_tick.tick() => {
                 commit(&consumer, &offsets, &settings.kafka.input_topic, CommitMode::Async);
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());

@@ -4,13 +4,16 @@
 //! Requests are built apart from sending them ([`DeadLetter`], `Outcome`),
 //! so the pipeline decides what to send and this module only sends.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
+use tokio::sync::Notify;
 
 use crate::config::KafkaSettings;
 use crate::domain::event::InvalidEvent;
@@ -63,6 +66,48 @@ pub fn classify(e: &KafkaError) -> Disposition {
     }
 }
 
+/// A client-level error the producer cannot recover from, with librdkafka's
+/// reason (which names the broker and the mechanism, never the password).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct ClientFailure {
+    pub reason: String,
+    #[source]
+    pub source: KafkaError,
+}
+
+/// The producer's context. librdkafka reports a refused login (wrong SASL
+/// password, TLS handshake refused) only through the error callback, while
+/// the records wait until `message.timeout.ms` and then fail as a retryable
+/// timeout: without this, the pipeline would retry them forever.
+#[derive(Default)]
+pub struct PublisherContext {
+    fatal: Arc<FatalSlot>,
+}
+
+#[derive(Default)]
+struct FatalSlot {
+    failure: Mutex<Option<ClientFailure>>,
+    notify: Notify,
+}
+
+impl ClientContext for PublisherContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::metrics::kafka_error(&error);
+        if classify(&error) == Disposition::Fatal {
+            tracing::error!(error = %error, reason, "kafka producer: fatal client error");
+            let mut slot = self.fatal.failure.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(ClientFailure {
+                reason: reason.to_owned(),
+                source: error,
+            });
+            self.fatal.notify.notify_one();
+        } else {
+            tracing::warn!(error = %error, reason, "kafka producer client error");
+        }
+    }
+}
+
 /// Builds the librdkafka configuration of the producer: the user's
 /// pass-through first, then the settings the guarantees depend on.
 pub fn producer_config(k: &KafkaSettings) -> ClientConfig {
@@ -89,7 +134,8 @@ pub struct DeadLetter<'a> {
 
 #[derive(Clone)]
 pub struct Publisher {
-    producer: FutureProducer,
+    producer: FutureProducer<PublisherContext>,
+    fatal: Arc<FatalSlot>,
     outcome_topic: String,
     dlq_topic: String,
     group_id: String,
@@ -98,9 +144,13 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(k: &KafkaSettings) -> Result<Publisher, KafkaError> {
-        let producer: FutureProducer = producer_config(k).create()?;
+        let context = PublisherContext::default();
+        let fatal = context.fatal.clone();
+        let producer: FutureProducer<PublisherContext> =
+            producer_config(k).create_with_context(context)?;
         Ok(Publisher {
             producer,
+            fatal,
             outcome_topic: k.outcome_topic.clone(),
             dlq_topic: k.dlq_topic.clone(),
             group_id: k.group_id.clone(),
@@ -159,12 +209,31 @@ impl Publisher {
             })
     }
 
+    /// Resolves when the producer reported an error it cannot recover from
+    /// (see [`PublisherContext`]); the pipeline then stops.
+    pub async fn fatal(&self) -> ClientFailure {
+        loop {
+            let found = self
+                .fatal
+                .failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(f) = found {
+                // Leave a permit for the next caller too.
+                self.fatal.notify.notify_one();
+                return f;
+            }
+            self.fatal.notify.notified().await;
+        }
+    }
+
     /// Waits for every queued record, for shutdown.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producer.flush(Timeout::After(timeout))
     }
 
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &FutureProducer<PublisherContext> {
         &self.producer
     }
 }
