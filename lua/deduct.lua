@@ -3,7 +3,9 @@
 -- KEYS[1] promotion  promo:{P}                 hash: budget, stock, per_customer, status, starts_at, ends_at
 -- KEYS[2] used       promo:{P}:used:{C}        string int: orders of C holding P
 -- KEYS[3] record     promo:{P}:order:{O}       hash: state, event, budget, stock, budget0, stock0
--- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E
+-- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E, or
+--                                               "accepted" when step 1 absorbed E into another
+--                                               event's record (see step 1 below)
 --
 -- ARGV[1] budget           canonical integer, amount to deduct
 -- ARGV[2] stock            canonical integer, amount to deduct
@@ -130,9 +132,12 @@ local REASONS = {
   promotion_not_found = true, promotion_inactive = true, order_reverted = true,
 }
 
+-- The memo's value when step 1 absorbed the event into another event's record.
+local ABSORBED = 'accepted'
+
 local function read_memo(key)
   local v = read_string(key)
-  if v ~= nil and not REASONS[v] then corrupt(key, 'value', v) end
+  if v ~= nil and v ~= ABSORBED and not REASONS[v] then corrupt(key, 'value', v) end
   return v
 end
 
@@ -174,14 +179,21 @@ local function main()
     return reply('rejected', reason, 0, 0, 0)
   end
 
-  -- 0. This event was rejected before: repeat the decision.
+  -- 0. This event was decided before: repeat the decision. "accepted" is the memo of
+  -- an event absorbed by step 1 into another event's record.
+  if memo == ABSORBED then
+    return reply('accepted', '', 1, rec and rec.budget0 or 0, rec and rec.stock0 or 0)
+  end
   if memo then return reply('rejected', memo, 1, 0, 0) end
   -- 1./2. A record of this order: a deducted order stays deducted; a record reverted
   -- after this very event deducted it means the event was accepted (one decision per
   -- event; the project's change to step 2, see docs/contract.md); any other reverted
-  -- record (refund tombstone, another event) rejects.
+  -- record (refund tombstone, another event) rejects. When a new event of the order
+  -- is absorbed into another event's record, that is remembered under its memo (TTL
+  -- record_ttl), so that a replay after the order's refund still answers accepted.
   if rec then
     if rec.state == 'deducted' or rec.event == event then
+      if rec.event ~= event then redis.call('SET', k_memo, ABSORBED, 'EX', record_ttl) end
       return reply('accepted', '', 1, rec.budget0, rec.stock0)
     end
     return reject('order_reverted')

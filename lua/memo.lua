@@ -3,7 +3,8 @@
 -- (CONTRACT.md section 3, "one decision per event"). A script rather than a GET so
 -- that a least-privilege ACL user needs nothing but EVAL/EVALSHA.
 --
--- KEYS[1] memo  promo:{P}:rejected:{E}  string: a rejection reason
+-- KEYS[1] memo  promo:{P}:rejected:{E}  string: a rejection reason, or "accepted"
+--                                       (deduct.lua step 1 absorbed E: not a rejection)
 -- ARGV    none
 --
 -- Reply: the stored reason, or "" when E was not rejected on this line.
@@ -29,6 +30,6 @@ if type(v) == 'table' and v.err then
   local t = redis.pcall('TYPE', key)
   return redis.error_reply('CORRUPT ' .. key .. ' type: ' .. show(type(t) == 'table' and t.ok or v.err))
 end
-if v == false then return '' end
+if v == false or v == 'accepted' then return '' end
 if not REASONS[v] then return redis.error_reply('CORRUPT ' .. key .. ' value: ' .. show(v)) end
 return v

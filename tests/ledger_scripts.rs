@@ -115,14 +115,45 @@ async fn replay_of_an_accepted_line_is_a_duplicate_and_changes_nothing() {
     assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
     assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
 
-    // A new event of the same order is absorbed by the record too (step 1).
-    let d = r
-        .ledger
-        .place(&placed("e2", "o1", "c1", T, &[("p", 50, 3)]))
+    // A new event of the same order is absorbed by the record too (step 1);
+    // only its memo is written, so that it keeps its decision.
+    let e2 = placed("e2", "o1", "c1", T, &[("p", 50, 3)]);
+    let d = r.ledger.place(&e2).await.unwrap();
+    assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
+    let memo = r.keys().rejected(&id("p"), &id("e2"));
+    assert_eq!(diff(&before, &r.dump().await), vec![memo.clone()]);
+    assert_eq!(r.get(&memo).await.as_deref(), Some("accepted"));
+
+    // After the order's refund, both placement events still answer accepted.
+    r.ledger
+        .refund(&refunded("r1", "o1", "c1", &[("p", None, None)]))
         .await
         .unwrap();
-    assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    for e in [&e, &e2] {
+        let d = r.ledger.place(e).await.unwrap();
+        assert_eq!(
+            accepted(&d),
+            (true, vec![(30, 1, left(Some(100), Some(5)))]),
+            "{}",
+            e.header.event_id
+        );
+    }
+    // A third event of the refunded order is decided afresh: order_reverted.
+    let d = r
+        .ledger
+        .place(&placed("e3", "o1", "c1", T, &[("p", 50, 3)]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            d,
+            PlaceDecision::Rejected {
+                reason: Reason::OrderReverted,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
 }
 
 #[tokio::test]
