@@ -32,7 +32,10 @@ pub async fn run(settings: &Settings) -> bool {
 
     let k = settings.kafka.clone();
     let kafka = tokio::task::spawn_blocking(move || -> Result<Vec<(String, usize)>, String> {
-        let consumer: BaseConsumer = consumer_config(&k).create().map_err(|e| e.to_string())?;
+        let mut config = consumer_config(&k);
+        // No statistics: the default context would print them every interval.
+        config.set("statistics.interval.ms", "0");
+        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
         let md = consumer
             .fetch_metadata(None, Duration::from_secs(10))
             .map_err(|e| format!("metadata from {}: {e}", k.brokers))?;
