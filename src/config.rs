@@ -51,6 +51,10 @@ pub struct RedisSettings {
     pub url: String,
     pub username: String,
     pub password: String,
+    /// PEM CA certificates trusted for `rediss://`, besides the system's.
+    pub tls_ca_file: String,
+    /// `rediss://` without certificate or name checks (throwaway tests only).
+    pub tls_insecure_skip_verify: bool,
     pub pool_size: usize,
     pub command_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -134,6 +138,8 @@ impl fmt::Debug for RedisSettings {
                 "password",
                 &if self.password.is_empty() { "" } else { "***" },
             )
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_insecure_skip_verify", &self.tls_insecure_skip_verify)
             .field("pool_size", &self.pool_size)
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("key_prefix", &self.key_prefix)
@@ -276,6 +282,30 @@ impl Settings {
                 "redis.url",
                 format!("{:?} is not a Redis url", redact_url(&r.url)),
                 "use redis://host:port, rediss://host:port or redis-cluster://host:port?node=host:port",
+            ));
+        }
+        let tls = r.url.starts_with("rediss://") || r.url.starts_with("rediss-cluster://");
+        if !r.tls_ca_file.is_empty() {
+            if !tls {
+                return Err(bad(
+                    "redis.tls_ca_file",
+                    "is set but redis.url is not a TLS url",
+                    "use rediss://host:port (or rediss-cluster://), or leave tls_ca_file empty",
+                ));
+            }
+            if !Path::new(&r.tls_ca_file).is_file() {
+                return Err(bad(
+                    "redis.tls_ca_file",
+                    format!("{} does not exist or is not a file", r.tls_ca_file),
+                    "name a PEM file of CA certificates, or leave it empty for the system's",
+                ));
+            }
+        }
+        if r.tls_insecure_skip_verify && !tls {
+            return Err(bad(
+                "redis.tls_insecure_skip_verify",
+                "is on but redis.url is not a TLS url",
+                "use rediss://host:port, or turn it off",
             ));
         }
         if r.pool_size == 0 || r.pool_size > 64 {
@@ -564,6 +594,44 @@ mod tests {
             assert!(e.contains(named), "{key}={value}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn redis_tls_settings_are_checked() {
+        let ca = std::env::temp_dir().join(format!("deductor-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca, "not checked here").unwrap();
+        let ca_path = ca.display().to_string();
+        let s = load(
+            &[
+                ("DEDUCTOR_REDIS_URL", "rediss://127.0.0.1:6380"),
+                ("DEDUCTOR_REDIS_TLS_CA_FILE", ca_path.as_str()),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s.redis.tls_ca_file, ca_path);
+        assert!(!s.redis.tls_insecure_skip_verify);
+        for (overrides, named) in [
+            (
+                vec![
+                    ("redis.url", "rediss://h:1"),
+                    ("redis.tls_ca_file", "/nonexistent/ca.pem"),
+                ],
+                "redis.tls_ca_file",
+            ),
+            (
+                vec![("redis.tls_ca_file", ca_path.as_str())],
+                "redis.tls_ca_file",
+            ),
+            (
+                vec![("redis.tls_insecure_skip_verify", "true")],
+                "redis.tls_insecure_skip_verify",
+            ),
+        ] {
+            let e = load(&[], &overrides).unwrap_err().to_string();
+            assert!(e.contains(named), "{overrides:?}: {e}");
+        }
+        let _ = std::fs::remove_file(&ca);
     }
 
     #[test]

@@ -384,6 +384,10 @@ pub async fn run_with_status(
                 break;
             }
             _ = commit_tick.tick() => {
+                // Rebalance notes are also taken here, not only with a
+                // message: an idle topic must still report its assignment
+                // (readiness, deductor_assigned_partitions).
+                apply_notes(&consumer, &settings.kafka.input_topic, &mut lanes, &mut retiring, &status);
                 commit(&consumer, &offsets, &settings.kafka.input_topic, CommitMode::Async);
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
                 status.touch();

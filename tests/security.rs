@@ -93,23 +93,38 @@ fn event(kind: &str, e: &str, o: &str, lines: Value) -> Value {
            "occurred_at": at, "lines": lines})
 }
 
-/// Runs the service in-process with `settings`, sends a placement, its
+/// Runs the service in-process with `settings`, sends a two-line placement
+/// that is rejected (so its first line is released), a placement, its
 /// refund and an invalid event, and checks the outcomes and the dead letter:
-/// the whole path (consume, Redis, produce, commit) over the configured
-/// transport.
+/// the whole path (consume, every service script, produce, commit) over the
+/// configured transport and Redis user.
 async fn round_trip(f: &Fixture, settings: Settings) {
     let ledger = f.ledger().await;
+    round_trip_with(f, &ledger, settings).await;
+    ledger.quit().await;
+}
+
+/// [`round_trip`] with `ledger` (full rights) creating the promotion.
+async fn round_trip_with(f: &Fixture, ledger: &deductor::ledger::Ledger, settings: Settings) {
     f.promo(
-        &ledger,
+        ledger,
         "sec",
         PromoSpec {
             budget: Some(10_000),
             stock: Some(5),
+            per_customer: Some(3),
             ..PromoSpec::default()
         },
     )
     .await;
     let svc = service::start(settings);
+    let rejected = event(
+        "OrderPlaced",
+        "e-p0",
+        "o-0",
+        json!([{"promotion_id": "sec", "budget": 100, "stock": 1},
+               {"promotion_id": "nope", "budget": 1}]),
+    );
     let placed = event(
         "OrderPlaced",
         "e-p1",
@@ -122,7 +137,7 @@ async fn round_trip(f: &Fixture, settings: Settings) {
         "o-1",
         json!([{"promotion_id": "sec"}]),
     );
-    kafka::produce_events(&f.topics.input, &[placed, refund]).await;
+    kafka::produce_events(&f.topics.input, &[rejected, placed, refund]).await;
     kafka::produce_raw(
         &f.topics.input,
         &[kafka::Raw {
@@ -132,23 +147,39 @@ async fn round_trip(f: &Fixture, settings: Settings) {
         }],
     )
     .await;
-    let outcomes = kafka::read_n(&f.topics.outcome, 2, WAIT).await;
-    let types: Vec<String> = outcomes
+    let outcomes = kafka::read_n(&f.topics.outcome, 3, WAIT).await;
+    // Different orders may finish in any order: look outcomes up by event.
+    let by_event: std::collections::BTreeMap<String, Value> = outcomes
         .iter()
-        .map(|r| r.json()["type"].as_str().unwrap_or_default().to_owned())
+        .map(|r| {
+            let v = r.json();
+            (v["event_id"].as_str().unwrap_or_default().to_owned(), v)
+        })
         .collect();
-    assert_eq!(types, ["DeductAccepted", "RollbackApplied"], "{outcomes:?}");
-    let accepted = outcomes[0].json();
+    let kinds: Vec<(&str, &str)> = by_event
+        .iter()
+        .map(|(e, v)| (e.as_str(), v["type"].as_str().unwrap_or_default()))
+        .collect();
     assert_eq!(
-        accepted["lines"][0]["remaining"],
-        json!({"budget": 9_300, "stock": 4})
+        kinds,
+        [
+            ("e-p0", "DeductRejected"),
+            ("e-p1", "DeductAccepted"),
+            ("e-r1", "RollbackApplied")
+        ],
+        "{by_event:#?}"
+    );
+    assert_eq!(by_event["e-p0"]["reason"], "promotion_not_found");
+    assert_eq!(
+        by_event["e-p1"]["lines"][0]["remaining"],
+        json!({"budget": 9_300, "stock": 4}),
+        "the rejected order's first line was released"
     );
     let dead = kafka::read_n(&f.topics.dlq, 1, WAIT).await;
     assert_eq!(dead[0].payload.as_deref(), Some(&b"{not json"[..]));
     kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, f.topics.partitions, WAIT).await;
     let (result, _) = svc.stop(Duration::from_secs(30)).await;
     result.expect("the service stops cleanly");
-    ledger.quit().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,4 +341,485 @@ async fn pipeline_over_sasl_ssl_with_a_private_ca() {
     );
     round_trip(&f, settings).await;
     f.cleanup().await;
+}
+
+/// The service's least-privilege ACL rules after `reset on >PW ~PREFIX:*`,
+/// as docs/operations.md ("A least-privilege Redis user") gives them: the
+/// script calls, `SCRIPT LOAD` for `deductor check`, `PING` for readiness,
+/// and the commands the scripts themselves run (Redis checks those against
+/// the calling user too).
+const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
+    +get +set +del +expire +incr +decr +hgetall +hset +hincrby";
+
+/// The operators' user for `promo set|show` and `audit`, as documented.
+const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
+    +exists +hset +del +hgetall +get +type +scan";
+
+fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
+    let mut v = vec![
+        "reset".to_owned(),
+        "on".to_owned(),
+        format!(">{password}"),
+        format!("~{prefix}:*"),
+    ];
+    v.extend(rules.split_whitespace().map(str::to_owned));
+    v
+}
+
+/// A raw command as `user` sends it; the error text when Redis refuses it.
+async fn raw(ledger: &deductor::ledger::Ledger, args: &[&str]) -> Result<(), String> {
+    use fred::prelude::ClientLike;
+    use fred::types::{ClusterHash, CustomCommand};
+    let cmd = CustomCommand::new(args[0].to_owned(), ClusterHash::FirstKey, false);
+    let rest: Vec<fred::prelude::Value> = args[1..].iter().map(|a| (*a).into()).collect();
+    ledger
+        .pool()
+        .next()
+        .custom::<fred::prelude::Value, _>(cmd, rest)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn assert_noperm(result: Result<(), String>, what: &str) {
+    match result {
+        Ok(()) => panic!("{what} was allowed"),
+        Err(e) => assert!(e.contains("NOPERM"), "{what}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_redis_user() {
+    use fred::prelude::AclInterface;
+    let f = Fixture::new("sec-acl", 1).await;
+    let admin = f.ledger().await;
+    let tag = format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+    let users = [
+        (format!("deductor-test-{tag}"), SERVICE_ACL),
+        (format!("deductor-admin-test-{tag}"), ADMIN_ACL),
+    ];
+    let password = wrong_password();
+    for (user, rules) in &users {
+        admin
+            .pool()
+            .acl_setuser(user.as_str(), acl_rules(&password, &f.prefix, rules))
+            .await
+            .unwrap_or_else(|e| panic!("ACL SETUSER {user}: {e}"));
+    }
+    let checks = tokio::spawn(acl_checks(
+        f.clone(),
+        users[0].0.clone(),
+        users[1].0.clone(),
+        password,
+    ))
+    .await;
+    for (user, _) in &users {
+        let _: Result<i64, _> = admin.pool().acl_deluser(user.as_str()).await;
+    }
+    admin.quit().await;
+    if let Err(e) = checks {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    f.cleanup().await;
+}
+
+async fn acl_checks(f: Fixture, user: String, admin_user: String, password: String) {
+    use deductor::admin;
+    use deductor::ledger::Ledger;
+    let as_user =
+        |u: &str| f.settings(&[("redis.username", u), ("redis.password", password.as_str())]);
+
+    // The whole service works as this user: events in, outcomes out.
+    let settings = as_user(&user);
+    round_trip(&f, settings.clone()).await;
+    let ledger = Ledger::connect(&settings.redis)
+        .await
+        .expect("the service user connects");
+    ledger.ping().await.expect("PING");
+    ledger.load_scripts().await.expect("SCRIPT LOAD");
+
+    // Anything else is refused: other keys, the keyspace, the server.
+    let used = format!("{}:{{sec}}:used:c-1", f.prefix);
+    assert_noperm(
+        raw(&ledger, &["GET", "other:key"]).await,
+        "GET of a key outside the prefix",
+    );
+    assert_noperm(
+        raw(&ledger, &["SET", "other:key", "1"]).await,
+        "SET outside the prefix",
+    );
+    assert_noperm(raw(&ledger, &["FLUSHALL"]).await, "FLUSHALL");
+    assert_noperm(raw(&ledger, &["FLUSHDB"]).await, "FLUSHDB");
+    assert_noperm(raw(&ledger, &["KEYS", "*"]).await, "KEYS");
+    assert_noperm(raw(&ledger, &["SCAN", "0"]).await, "SCAN");
+    assert_noperm(raw(&ledger, &["CONFIG", "GET", "*"]).await, "CONFIG GET");
+    assert_noperm(raw(&ledger, &["ACL", "LIST"]).await, "ACL LIST");
+    assert_noperm(
+        raw(&ledger, &["HGETALL", "other:{sec}"]).await,
+        "HGETALL outside the prefix",
+    );
+    assert_noperm(
+        raw(&ledger, &["EVAL", "return 1", "1", "other:key"]).await,
+        "a script on a key outside the prefix",
+    );
+    // The documented limit: Redis checks the commands a script runs against
+    // the calling user, so the commands the scripts need (GET among them)
+    // are allowed directly too, on the prefix's keys only.
+    raw(&ledger, &["GET", &used])
+        .await
+        .expect("GET on a promotion key (needed by the scripts)");
+
+    // Admin commands: `promo show` reads with HGETALL (allowed); `promo set`
+    // (EXISTS in its script) and `audit` (SCAN) need the admin user.
+    let p = deductor::domain::event::Id::parse("sec").unwrap();
+    let shown = admin::promo_show(&ledger, &p).await.expect("promo show");
+    assert!(shown.is_some());
+    let spec = PromoSpec {
+        budget: Some(1),
+        ..PromoSpec::default()
+    };
+    let refused = admin::promo_set(&ledger, &p, spec.clone(), true).await;
+    assert!(
+        refused.is_err(),
+        "promo set as the service user: {refused:?}"
+    );
+    let refused = deductor::audit::run(&ledger, &[]).await;
+    // (fred turns SCAN's NOPERM into "Expected bulk string array from SCAN".)
+    assert!(refused.is_err(), "audit as the service user: {refused:?}");
+    ledger.quit().await;
+
+    let admin_ledger = Ledger::connect(&as_user(&admin_user).redis)
+        .await
+        .expect("the admin user connects");
+    admin::promo_set(&admin_ledger, &p, spec, true)
+        .await
+        .expect("promo set as the admin user");
+    assert!(admin::promo_show(&admin_ledger, &p)
+        .await
+        .unwrap()
+        .is_some());
+    deductor::audit::run(&admin_ledger, &[])
+        .await
+        .expect("audit as the admin user");
+    assert_noperm(
+        raw(&admin_ledger, &["FLUSHALL"]).await,
+        "FLUSHALL as the admin user",
+    );
+    admin_ledger.quit().await;
+
+    // `deductor check` as the service user: passes, password not shown.
+    let env = f.env(&[("redis.username", &user), ("redis.password", &password)]);
+    let (ok, out) = check(&env);
+    assert!(ok, "check as the service user:\n{out}");
+    assert!(
+        !out.contains(&password),
+        "check shows the Redis password:\n{out}"
+    );
+}
+
+/// A throwaway `redis-server` of this test on a free port; TLS-only, with a
+/// CA and a server certificate for 127.0.0.1 made by openssl in a temp dir,
+/// when asked. Killed on drop.
+struct PrivateRedis {
+    child: std::process::Child,
+    port: u16,
+    ca: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(program: &str, args: &[&str], dir: &std::path::Path) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn private_redis(tls: bool) -> PrivateRedis {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=deductor test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        d,
+    );
+    run(
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        d,
+    );
+    run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ],
+        d,
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = std::fs::File::create(d.join("redis.log")).unwrap();
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+    if tls {
+        cmd.args(["--port", "0", "--tls-port"])
+            .arg(port.to_string())
+            .args([
+                "--tls-cert-file",
+                "server.pem",
+                "--tls-key-file",
+                "server.key",
+                "--tls-ca-cert-file",
+                "ca.pem",
+                "--tls-auth-clients",
+                "no",
+            ]);
+    } else {
+        cmd.arg("--port").arg(port.to_string());
+    }
+    let child = cmd
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting redis-server (Debian's is built with TLS)");
+    let mut r = PrivateRedis {
+        child,
+        port,
+        ca: d.join("ca.pem"),
+        _dir: dir,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !service::listening(&format!("127.0.0.1:{port}")) {
+        if let Ok(Some(s)) = r.child.try_wait() {
+            panic!(
+                "redis-server exited ({s}): {}",
+                std::fs::read_to_string(r._dir.path().join("redis.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_ca_file() {
+    use deductor::ledger::Ledger;
+    let server = private_redis(true).await;
+    let f = Fixture::new("sec-rtls", 1).await;
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let ca = server.ca.display().to_string();
+    let settings = f.settings(&[("redis.url", &url), ("redis.tls_ca_file", &ca)]);
+
+    // The service over TLS: events in, outcomes out, scripts in the TLS Redis.
+    let admin = Ledger::connect(&settings.redis)
+        .await
+        .expect("connecting over TLS with the CA file");
+    round_trip_with(&f, &admin, settings.clone()).await;
+    let p = deductor::domain::event::Id::parse("sec").unwrap();
+    let view = deductor::admin::promo_show(&admin, &p).await.unwrap();
+    assert!(view.is_some(), "the promotion lives in the TLS Redis");
+    admin.quit().await;
+
+    // Without the CA the server is not trusted: a clear, fatal error.
+    let mut untrusted = settings.redis.clone();
+    untrusted.tls_ca_file.clear();
+    let e = Ledger::connect(&untrusted)
+        .await
+        .expect_err("a certificate of an unknown CA is refused");
+    assert_eq!(e.disposition(), deductor::error::Disposition::Fatal, "{e}");
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+
+    // Opting out of verification connects (throwaway servers only).
+    untrusted.tls_insecure_skip_verify = true;
+    let insecure = Ledger::connect(&untrusted)
+        .await
+        .expect("tls_insecure_skip_verify accepts the certificate");
+    insecure.ping().await.unwrap();
+    insecure.quit().await;
+
+    // Plain redis:// to the TLS port does not get through.
+    let mut plain = settings.redis.clone();
+    plain.url = format!("redis://127.0.0.1:{}", server.port);
+    plain.tls_ca_file.clear();
+    plain.connect_timeout_ms = 500;
+    assert!(Ledger::connect(&plain).await.is_err());
+    let t = &f.topics;
+    kafka::delete_topics(&[&t.input, &t.outcome, &t.dlq]).await;
+}
+
+/// The service's Redis work as `rules` allow it, on a private Redis: a
+/// two-line placement rejected on its second line (memo, deduct, release), a
+/// placement (per-customer count, record, TTL), its refund, `PING` and
+/// `SCRIPT LOAD`, after a `SCRIPT FLUSH` so the `EVAL` fallback runs too.
+/// Ok when every decision is the one full rights give.
+async fn service_ops(
+    admin: &deductor::ledger::Ledger,
+    url: &str,
+    round: usize,
+    rules: &[&str],
+) -> Result<(), String> {
+    use common::redis::{placed, refunded};
+    use deductor::domain::decision::{PlaceDecision, Reason};
+    use deductor::ledger::Ledger;
+    use fred::prelude::AclInterface;
+    let (user, password) = (format!("svc-{round}"), wrong_password());
+    admin
+        .pool()
+        .acl_setuser(
+            user.as_str(),
+            acl_rules(&password, "promo", &rules.join(" ")),
+        )
+        .await
+        .map_err(|e| format!("ACL SETUSER: {e}"))?;
+    let p = format!("p{round}");
+    let id = deductor::domain::event::Id::parse(&p).unwrap();
+    let spec = PromoSpec {
+        budget: Some(1_000),
+        stock: Some(10),
+        per_customer: Some(2),
+        ..PromoSpec::default()
+    };
+    deductor::admin::promo_set(admin, &id, spec, false)
+        .await
+        .map_err(|e| e.to_string())?;
+    raw(admin, &["SCRIPT", "FLUSH"]).await?;
+
+    let mut settings = common::redis::settings(url, "promo");
+    settings.username = user.clone();
+    settings.password = password;
+    let ledger = Ledger::connect(&settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    let at = 1_800_000_000;
+    // Ids of this round only: a stored memo of an earlier round would
+    // answer instead of the scripts.
+    let (e0, e1, e2) = (
+        format!("e-0-{round}"),
+        format!("e-1-{round}"),
+        format!("e-2-{round}"),
+    );
+    let missing = format!("missing{round}");
+    let ops = async {
+        let e = placed(&e0, "o-0", "c-1", at, &[(&p, 10, 1), (&missing, 1, 0)]);
+        match ledger.place(&e).await.map_err(|e| e.to_string())? {
+            PlaceDecision::Rejected {
+                reason: Reason::PromotionNotFound,
+                ..
+            } => {}
+            d => return Err(format!("two-line placement: {d:?}")),
+        }
+        let e = placed(&e1, "o-1", "c-1", at, &[(&p, 100, 1)]);
+        match ledger.place(&e).await.map_err(|e| e.to_string())? {
+            PlaceDecision::Accepted { .. } => {}
+            d => return Err(format!("placement: {d:?}")),
+        }
+        let r = refunded(&e2, "o-1", "c-1", &[(&p, None, None)]);
+        let d = ledger.refund(&r).await.map_err(|e| e.to_string())?;
+        if !d.applied() {
+            return Err(format!("refund: {d:?}"));
+        }
+        ledger.ping().await.map_err(|e| e.to_string())?;
+        ledger.load_scripts().await.map_err(|e| e.to_string())
+    };
+    let result = ops.await;
+    ledger.quit().await;
+    let _: Result<i64, _> = admin.pool().acl_deluser(user.as_str()).await;
+    result
+}
+
+/// The documented service ACL is enough, and each of its command rules is
+/// needed by some service operation (`+info` only silences a warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_of_the_service_acl_is_needed() {
+    service::init_tracing();
+    let server = private_redis(false).await;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let admin = deductor::ledger::Ledger::connect(&common::redis::settings(&url, "promo"))
+        .await
+        .expect("connecting to the private redis-server");
+    let rules: Vec<&str> = SERVICE_ACL.split_whitespace().collect();
+    service_ops(&admin, &url, 0, &rules)
+        .await
+        .unwrap_or_else(|e| panic!("the documented ACL is not enough: {e}"));
+    for (i, rule) in rules.iter().enumerate() {
+        if !rule.starts_with('+') || *rule == "+info" {
+            continue;
+        }
+        let without: Vec<&str> = rules
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, r)| *r)
+            .collect();
+        let r = service_ops(&admin, &url, i + 1, &without).await;
+        assert!(
+            r.is_err(),
+            "the service works without {rule}: drop it from the documented ACL"
+        );
+    }
+    admin.quit().await;
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use fred::prelude::{
     Builder, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, TcpConfig, Value,
 };
-use fred::types::config::UnresponsiveConfig;
+use fred::types::config::{TlsConnector, UnresponsiveConfig};
 
 use crate::config::RedisSettings;
 use crate::domain::decision::{
@@ -27,6 +27,42 @@ use crate::domain::keys::Keys;
 
 pub use error::{classify, ErrorClass, LedgerError};
 use scripts::{LineReply, Script};
+
+/// The TLS connector of `rediss://` urls: the system's roots plus
+/// `redis.tls_ca_file`, verification off only on request.
+fn tls_connector(s: &RedisSettings) -> Result<TlsConnector, LedgerError> {
+    let tls_error = |detail: String| {
+        LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::Tls, detail),
+        )
+    };
+    let mut builder = fred::native_tls::TlsConnector::builder();
+    if !s.tls_ca_file.is_empty() {
+        let pem = std::fs::read(&s.tls_ca_file)
+            .map_err(|e| tls_error(format!("redis.tls_ca_file {}: {e}", s.tls_ca_file)))?;
+        let certs = fred::native_tls::Certificate::stack_from_pem(&pem)
+            .map_err(|e| tls_error(format!("redis.tls_ca_file {}: {e}", s.tls_ca_file)))?;
+        if certs.is_empty() {
+            return Err(tls_error(format!(
+                "redis.tls_ca_file {}: no PEM certificate in it",
+                s.tls_ca_file
+            )));
+        }
+        for cert in certs {
+            builder.add_root_certificate(cert);
+        }
+    }
+    if s.tls_insecure_skip_verify {
+        tracing::warn!(
+            "redis.tls_insecure_skip_verify is on: the Redis server's certificate is not checked"
+        );
+        builder
+            .danger_accept_invalid_certs(true)
+            .danger_accept_invalid_hostnames(true);
+    }
+    TlsConnector::try_from(builder).map_err(|e| LedgerError::redis("connect", e))
+}
 
 /// The Redis side of deductor. Cheap to clone: clones share the pool.
 #[derive(Clone)]
@@ -57,6 +93,10 @@ impl Ledger {
     pub async fn connect(settings: &RedisSettings) -> Result<Ledger, LedgerError> {
         let mut config =
             Config::from_url(&settings.url).map_err(|e| LedgerError::redis("connect", e))?;
+        if config.uses_tls() {
+            // rediss://: fred's default trusts the system's roots only.
+            config.tls = Some(tls_connector(settings)?.into());
+        }
         if !settings.username.is_empty() {
             config.username = Some(settings.username.clone());
         }

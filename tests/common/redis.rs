@@ -38,6 +38,8 @@ pub fn settings(url: &str, prefix: &str) -> RedisSettings {
         url: url.to_owned(),
         username: String::new(),
         password: String::new(),
+        tls_ca_file: String::new(),
+        tls_insecure_skip_verify: false,
         pool_size: 2,
         command_timeout_ms: 5_000,
         connect_timeout_ms: 2_000,
