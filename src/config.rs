@@ -29,7 +29,7 @@ pub struct Settings {
     pub log: LogSettings,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     pub brokers: String,
@@ -127,6 +127,31 @@ const SECRET_PROPERTIES: [&str; 4] = [
 /// True when a librdkafka property holds a secret.
 pub fn is_secret_property(name: &str) -> bool {
     SECRET_PROPERTIES.contains(&name) || name.ends_with(".pem") && name.contains("key")
+}
+
+impl fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The pass-through maps may hold sasl.password and key passwords.
+        let redacted = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if is_secret_property(k) { "***" } else { v };
+                    (k.clone(), v.to_owned())
+                })
+                .collect()
+        };
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("input_topic", &self.input_topic)
+            .field("outcome_topic", &self.outcome_topic)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("group_instance_id", &self.group_instance_id)
+            .field("produce_timeout_ms", &self.produce_timeout_ms)
+            .field("consumer", &redacted(&self.consumer))
+            .field("producer", &redacted(&self.producer))
+            .finish()
+    }
 }
 
 impl fmt::Debug for RedisSettings {
@@ -649,5 +674,15 @@ mod tests {
         let mut s = load(&[], &[]).unwrap();
         s.redis.password = "hunter2".into();
         assert!(!format!("{:?}", s.redis).contains("hunter2"));
+        for client in [&mut s.kafka.consumer, &mut s.kafka.producer] {
+            client.insert("sasl.password".into(), "hunter3".into());
+            client.insert("ssl.key.password".into(), "hunter4".into());
+        }
+        let all = format!("{s:?}");
+        assert!(!all.contains("hunter"), "{all}");
+        assert!(
+            all.contains("sasl.password"),
+            "the key itself stays visible"
+        );
     }
 }
