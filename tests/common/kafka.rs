@@ -100,6 +100,12 @@ pub async fn create_topics(names: &[&str], partitions: i32) {
     }
 }
 
+/// Deletes topics (best effort: cleanup after a passed test).
+pub async fn delete_topics(names: &[&str]) {
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let _ = admin().delete_topics(names, &opts).await;
+}
+
 async fn wait_for_leaders(topic: &str, partitions: i32) {
     let topic = topic.to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -135,14 +141,20 @@ fn metadata_consumer() -> BaseConsumer {
         .expect("creating a Kafka client")
 }
 
-/// An idempotent, `acks=all` producer.
+/// An idempotent, `acks=all` producer, shared by the tests of a binary.
 pub fn producer() -> FutureProducer {
+    static PRODUCER: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();
+    PRODUCER.get_or_init(new_producer).clone()
+}
+
+fn new_producer() -> FutureProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
-        .set("message.timeout.ms", "30000")
+        // Long enough to ride out a broker restart in the outage tests.
+        .set("message.timeout.ms", "120000")
         .create()
         .expect("creating a Kafka producer")
 }

@@ -13,6 +13,8 @@ use deductor::config::Settings;
 use deductor::domain::event::Id;
 use deductor::ledger::Ledger;
 use deductor::pipeline;
+use fred::prelude::KeysInterface;
+use futures::TryStreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -108,6 +110,25 @@ impl Fixture {
             })
     }
 
+    /// Deletes the fixture's topics and Redis keys; call it at the end of a
+    /// passed test (a failed one keeps them for a look).
+    pub async fn cleanup(&self) {
+        let t = &self.topics;
+        kafka::delete_topics(&[&t.input, &t.outcome, &t.dlq]).await;
+        let ledger = self.ledger().await;
+        let keys: Vec<fred::prelude::Key> = ledger
+            .pool()
+            .next()
+            .scan_buffered(format!("{}:*", self.prefix), Some(1000), None)
+            .try_collect()
+            .await
+            .unwrap_or_default();
+        for chunk in keys.chunks(500) {
+            let _: Result<i64, _> = ledger.pool().unlink(chunk.to_vec()).await;
+        }
+        ledger.quit().await;
+    }
+
     /// Creates promotion `p` under this fixture's prefix.
     pub async fn promo(&self, ledger: &Ledger, p: &str, spec: PromoSpec) {
         let id = Id::parse(p).unwrap();
@@ -174,6 +195,31 @@ impl InProcess {
     }
 }
 
+/// Runs `scripts/dev-stack <verb>` (kill-redis, start-redis, kill-kafka,
+/// start-kafka, ...); fails the test when it fails.
+pub fn dev_stack(verb: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/dev-stack");
+    let out = Command::new(&script)
+        .arg(verb)
+        .output()
+        .unwrap_or_else(|e| panic!("running {} {verb}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "scripts/dev-stack {verb} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// True when something accepts TCP connections at `host:port`.
+pub fn listening(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
+}
+
 /// The path of the `deductor` binary built for these tests.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_deductor"))
@@ -198,7 +244,7 @@ pub fn command(env: &[(String, String)]) -> Command {
 pub struct ChildService {
     child: std::process::Child,
     pub log: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
 }
 
 /// Spawns `deductor <args>` with `env` (see [`command`]).
@@ -217,7 +263,7 @@ pub fn spawn(env: &[(String, String)], args: &[&str]) -> ChildService {
     ChildService {
         child,
         log,
-        _dir: dir,
+        dir: Some(dir),
     }
 }
 
@@ -271,6 +317,29 @@ impl ChildService {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// How often `needle` occurs in the process's output so far.
+    pub fn log_count(&self, needle: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .matches(needle)
+            .count()
+    }
+
+    /// Waits until the output contains `needle`; fails the test if the
+    /// process exits or `within` passes first.
+    pub async fn wait_for_log(&mut self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.log_count(needle) == 0 {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in the output after {within:?}; log:\n{}",
+                self.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Fails the test (with the log) if the process exited.
     pub fn assert_running(&mut self) {
         if let Some(s) = self.exited() {
@@ -287,6 +356,13 @@ impl Drop for ChildService {
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        // A failed test keeps the process's log for a look.
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                let kept = dir.keep();
+                eprintln!("deductor log kept: {}", kept.join("deductor.log").display());
+            }
         }
     }
 }

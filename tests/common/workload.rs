@@ -255,25 +255,30 @@ impl Workload {
     /// Reads the outcome and dead-letter topics until every event has an
     /// outcome and every dead letter is there.
     pub async fn wait_done(&self, f: &Fixture, timeout: Duration) -> (Vec<Record>, Vec<Record>) {
-        let want = self.event_ids();
+        // The conditions look at each record once: they run after every
+        // record read.
+        let mut missing = self.event_ids();
+        let mut looked = 0;
         let outcomes = kafka::read_until(&f.topics.outcome, timeout, |rs| {
-            let mut missing = want.clone();
-            for r in rs {
-                if let Ok(v) =
-                    serde_json::from_slice::<Value>(r.payload.as_deref().unwrap_or_default())
-                {
-                    if let Some(id) = v["event_id"].as_str() {
-                        missing.remove(id);
-                    }
+            for r in &rs[looked..] {
+                let v: Value = serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
+                    .unwrap_or_default();
+                if let Some(id) = v["event_id"].as_str() {
+                    missing.remove(id);
                 }
             }
+            looked = rs.len();
             missing.is_empty()
         })
         .await;
-        let letters = self.dead_letters();
+        let mut letters = self.dead_letters();
+        let mut looked = 0;
         let dlq = kafka::read_until(&f.topics.dlq, timeout, |rs| {
-            let seen: BTreeSet<&[u8]> = rs.iter().filter_map(|r| r.payload.as_deref()).collect();
-            letters.iter().all(|p| seen.contains(p.as_slice()))
+            for r in &rs[looked..] {
+                letters.remove(r.payload.as_deref().unwrap_or_default());
+            }
+            looked = rs.len();
+            letters.is_empty()
         })
         .await;
         (outcomes, dlq)

@@ -1,0 +1,177 @@
+//! Outages of the shared services while the service works: Redis killed
+//! (SIGKILL) and restarted with its data (AOF, fsync always), the Kafka
+//! broker killed and restarted. The service must wait them out by itself:
+//! nothing lost, nothing skipped, one decision per event.
+//!
+//! These tests stop the Redis and Kafka every other test uses, so they live
+//! in their own binary, run one at a time (a lock, and CI runs this binary
+//! with `--test-threads=1` after the others).
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::kafka;
+use common::service::{self, Fixture, InProcess};
+use common::workload::{self, Shape, Workload};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+/// One outage at a time in this binary.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
+}
+
+async fn wait_done_events(svc: &InProcess, n: u64) {
+    let deadline = Instant::now() + WAIT;
+    while svc.status.events_done.load(Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "fewer than {n} events done");
+        assert!(!svc.is_finished(), "the service stopped by itself");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A stopped service of the dev stack, started again when dropped (also
+/// when the test fails, so the other tests get their service back).
+struct Down {
+    start_verb: &'static str,
+    started: bool,
+}
+
+impl Down {
+    /// Runs `kill_verb` and waits until nothing answers at `addr`.
+    async fn new(kill_verb: &'static str, start_verb: &'static str, addr: &str) -> Down {
+        let down = Down {
+            start_verb,
+            started: false,
+        };
+        service::dev_stack(kill_verb);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while service::listening(addr) {
+            assert!(
+                Instant::now() < deadline,
+                "{addr} still answers 15s after `dev-stack {kill_verb}`"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        down
+    }
+
+    fn start(mut self) {
+        self.started = true;
+        service::dev_stack(self.start_verb);
+    }
+}
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if !self.started {
+            // No panic here: this may run while a failed test unwinds.
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dev-stack");
+            let _ = std::process::Command::new(script)
+                .arg(self.start_verb)
+                .status();
+        }
+    }
+}
+
+struct Run {
+    f: Fixture,
+    w: Workload,
+    ledger: deductor::ledger::Ledger,
+    svc: InProcess,
+    producer: tokio::task::JoinHandle<()>,
+}
+
+/// Seeds, starts the service and a paced producer, waits for some progress.
+async fn start(label: &str, seed: u64) -> Run {
+    let f = Fixture::new(label, 3).await;
+    let ledger = f.ledger().await;
+    let w = workload::generate(
+        label,
+        &Shape {
+            orders: 1500,
+            customers: 400,
+            stock: 120,
+            seed,
+            ..Shape::default()
+        },
+    );
+    w.seed(&f, &ledger).await;
+    let svc = service::start(f.settings(&[]));
+    let (topic, stream) = (f.topics.input.clone(), w.clone());
+    let producer = tokio::spawn(async move {
+        stream
+            .produce_paced(topic, 50, Duration::from_millis(150))
+            .await
+    });
+    wait_done_events(&svc, 200).await;
+    Run {
+        f,
+        w,
+        ledger,
+        svc,
+        producer,
+    }
+}
+
+/// Waits for every outcome with the same service instance (it was never
+/// restarted), stops it, and checks the run.
+async fn finish(label: &str, mut r: Run) {
+    r.producer.await.unwrap();
+    r.svc.assert_running().await;
+    r.w.wait_done(&r.f, WAIT).await;
+    kafka::wait_committed_to_end(&r.f.topics.group, &r.f.topics.input, 3, WAIT).await;
+    let (result, _) = r.svc.stop(Duration::from_secs(30)).await;
+    result.expect("run returns Ok after the outage");
+    let outcomes = kafka::read_all(&r.f.topics.outcome).await;
+    let dlq = kafka::read_all(&r.f.topics.dlq).await;
+    workload::verify(label, &r.w, &outcomes, &dlq, &r.ledger).await;
+    r.ledger.quit().await;
+    r.f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_mid_stream() {
+    let _serial = SERIAL.lock().await;
+    let r = start("redis-out", 31).await;
+    let addr = host_port(&r.f.redis_url);
+
+    let down = Down::new("kill-redis", "start-redis", &addr).await;
+    let down_at = r.svc.status.events_done.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !r.svc.is_finished(),
+        "the service gave up during the Redis outage"
+    );
+    down.start();
+    assert!(service::listening(&addr), "Redis at {addr} is back");
+
+    // It resumes by itself.
+    wait_done_events(&r.svc, down_at + 200).await;
+    finish("redis outage", r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_broker_killed_and_restarted_mid_stream() {
+    let _serial = SERIAL.lock().await;
+    let r = start("kafka-out", 37).await;
+    let addr = host_port(r.f.brokers.split(',').next().unwrap());
+
+    let down = Down::new("kill-kafka", "start-kafka", &addr).await;
+    let down_at = r.svc.status.events_done.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !r.svc.is_finished(),
+        "the service gave up during the Kafka outage"
+    );
+    down.start();
+
+    wait_done_events(&r.svc, down_at + 200).await;
+    finish("kafka outage", r).await;
+}
