@@ -121,7 +121,9 @@ async fn round_trip_with(f: &Fixture, ledger: &deductor::ledger::Ledger, setting
     let rejected = event(
         "OrderPlaced",
         "e-p0",
-        "o-0",
+        // The same order as the next two: one order's events run one after
+        // another, so the release is done before e-p1 deducts.
+        "o-1",
         json!([{"promotion_id": "sec", "budget": 100, "stock": 1},
                {"promotion_id": "nope", "budget": 1}]),
     );
@@ -716,25 +718,46 @@ async fn redis_over_tls_with_a_ca_file() {
 /// placement (per-customer count, record, TTL), its refund, `PING` and
 /// `SCRIPT LOAD`, after a `SCRIPT FLUSH` so the `EVAL` fallback runs too.
 /// Ok when every decision is the one full rights give.
-async fn service_ops(
-    admin: &deductor::ledger::Ledger,
-    url: &str,
+/// Where [`service_ops`] runs.
+struct Target<'a> {
+    /// Full rights: creates the promotions (and flushes the script cache).
+    admin: &'a deductor::ledger::Ledger,
+    /// One full-rights connection per node: ACL users are per node.
+    nodes: &'a [deductor::ledger::Ledger],
+    url: &'a str,
+    prefix: &'a str,
+    /// `SCRIPT FLUSH` first (a private server only).
+    flush: bool,
+}
+
+async fn service_ops(t: &Target<'_>, round: usize, rules: &[&str]) -> Result<(), String> {
+    use fred::prelude::AclInterface;
+    let (user, password) = (format!("svc-{}-{round}", t.prefix), wrong_password());
+    for node in t.nodes {
+        node.pool()
+            .acl_setuser(
+                user.as_str(),
+                acl_rules(&password, t.prefix, &rules.join(" ")),
+            )
+            .await
+            .map_err(|e| format!("ACL SETUSER: {e}"))?;
+    }
+    let result = service_ops_as(t, round, &user, &password).await;
+    for node in t.nodes {
+        let _: Result<i64, _> = node.pool().acl_deluser(user.as_str()).await;
+    }
+    result
+}
+
+async fn service_ops_as(
+    t: &Target<'_>,
     round: usize,
-    rules: &[&str],
+    user: &str,
+    password: &str,
 ) -> Result<(), String> {
     use common::redis::{placed, refunded};
     use deductor::domain::decision::{PlaceDecision, Reason};
     use deductor::ledger::Ledger;
-    use fred::prelude::AclInterface;
-    let (user, password) = (format!("svc-{round}"), wrong_password());
-    admin
-        .pool()
-        .acl_setuser(
-            user.as_str(),
-            acl_rules(&password, "promo", &rules.join(" ")),
-        )
-        .await
-        .map_err(|e| format!("ACL SETUSER: {e}"))?;
     let p = format!("p{round}");
     let id = deductor::domain::event::Id::parse(&p).unwrap();
     let spec = PromoSpec {
@@ -743,14 +766,16 @@ async fn service_ops(
         per_customer: Some(2),
         ..PromoSpec::default()
     };
-    deductor::admin::promo_set(admin, &id, spec, false)
+    deductor::admin::promo_set(t.admin, &id, spec, false)
         .await
         .map_err(|e| e.to_string())?;
-    raw(admin, &["SCRIPT", "FLUSH"]).await?;
+    if t.flush {
+        raw(t.admin, &["SCRIPT", "FLUSH"]).await?;
+    }
 
-    let mut settings = common::redis::settings(url, "promo");
-    settings.username = user.clone();
-    settings.password = password;
+    let mut settings = common::redis::settings(t.url, t.prefix);
+    settings.username = user.to_owned();
+    settings.password = password.to_owned();
     let ledger = Ledger::connect(&settings)
         .await
         .map_err(|e| e.to_string())?;
@@ -787,7 +812,6 @@ async fn service_ops(
     };
     let result = ops.await;
     ledger.quit().await;
-    let _: Result<i64, _> = admin.pool().acl_deluser(user.as_str()).await;
     result
 }
 
@@ -801,8 +825,16 @@ async fn every_rule_of_the_service_acl_is_needed() {
     let admin = deductor::ledger::Ledger::connect(&common::redis::settings(&url, "promo"))
         .await
         .expect("connecting to the private redis-server");
+    let nodes = [admin.clone()];
+    let t = Target {
+        admin: &admin,
+        nodes: &nodes,
+        url: &url,
+        prefix: "promo",
+        flush: true,
+    };
     let rules: Vec<&str> = SERVICE_ACL.split_whitespace().collect();
-    service_ops(&admin, &url, 0, &rules)
+    service_ops(&t, 0, &rules)
         .await
         .unwrap_or_else(|e| panic!("the documented ACL is not enough: {e}"));
     for (i, rule) in rules.iter().enumerate() {
@@ -815,11 +847,71 @@ async fn every_rule_of_the_service_acl_is_needed() {
             .filter(|(j, _)| *j != i)
             .map(|(_, r)| *r)
             .collect();
-        let r = service_ops(&admin, &url, i + 1, &without).await;
+        let r = service_ops(&t, i + 1, &without).await;
         assert!(
             r.is_err(),
             "the service works without {rule}: drop it from the documented ACL"
         );
     }
     admin.quit().await;
+}
+
+/// What the service user needs on top of [`SERVICE_ACL`] with Redis Cluster:
+/// the slot map and the cluster state at connect, and `ASKING` to follow the
+/// `ASK` redirects of a slot being migrated (resharding; not exercised here).
+const CLUSTER_ACL: &str = "+cluster|slots +cluster|info +asking";
+
+/// The service user on the dev-stack's Redis Cluster (created on every node:
+/// ACL users are per node), with the cluster rules of docs/operations.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_acl_on_redis_cluster() {
+    service::init_tracing();
+    let cluster = common::redis::cluster().await;
+    let url = common::redis::cluster_url();
+    let mut nodes = Vec::new();
+    for addr in cluster_nodes(&url) {
+        let node = deductor::ledger::Ledger::connect(&common::redis::settings(
+            &format!("redis://{addr}"),
+            &cluster.prefix,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("cluster node {addr}: {e}"));
+        nodes.push(node);
+    }
+    let t = Target {
+        admin: &cluster.ledger,
+        nodes: &nodes,
+        url: &url,
+        prefix: &cluster.prefix,
+        flush: false,
+    };
+    let rules: Vec<&str> = SERVICE_ACL
+        .split_whitespace()
+        .chain(CLUSTER_ACL.split_whitespace())
+        .collect();
+    service_ops(&t, 0, &rules)
+        .await
+        .unwrap_or_else(|e| panic!("the documented cluster ACL is not enough: {e}"));
+    for (i, rule) in ["+cluster|slots", "+cluster|info"].into_iter().enumerate() {
+        let without: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
+        let r = service_ops(&t, i + 1, &without).await;
+        assert!(r.is_err(), "the service works without {rule} on a cluster");
+    }
+    for node in &nodes {
+        node.quit().await;
+    }
+}
+
+/// `redis-cluster://a?node=b&node=c` -> `[a, b, c]`.
+fn cluster_nodes(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (first, query) = rest.split_once('?').unwrap_or((rest, ""));
+    std::iter::once(first.trim_end_matches('/').to_owned())
+        .chain(
+            query
+                .split('&')
+                .filter_map(|kv| kv.strip_prefix("node="))
+                .map(str::to_owned),
+        )
+        .collect()
 }
