@@ -464,6 +464,12 @@ fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
         if section == "kafka" && (key.starts_with("consumer_") || key.starts_with("producer_")) {
             continue;
         }
+        // Only the keys config/default.toml documents: other DEDUCTOR_*
+        // variables (e.g. DEDUCTOR_REDIS_CLUSTER_URL of scripts/dev-stack)
+        // belong to tools and tests, not to the service.
+        if !known_key(section, key) {
+            continue;
+        }
         let entry = tree
             .entry(section.to_owned())
             .or_insert_with(|| serde_json::Value::Object(Default::default()));
@@ -472,6 +478,17 @@ fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
         }
     }
     Serialized::defaults(serde_json::Value::Object(tree))
+}
+
+/// True when `section.key` is a key of the defaults.
+fn known_key(section: &str, key: &str) -> bool {
+    static KNOWN: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let known = KNOWN.get_or_init(|| {
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .extract::<serde_json::Value>()
+            .unwrap_or_default()
+    });
+    known.get(section).and_then(|s| s.get(key)).is_some()
 }
 
 fn override_provider(key: &str, value: &str) -> Result<Serialized<serde_json::Value>, ConfigError> {
@@ -593,6 +610,20 @@ mod tests {
     fn unknown_key_is_named() {
         let e = load(&[], &[("redis.pool", "3")]).unwrap_err().to_string();
         assert!(e.contains("pool"), "{e}");
+    }
+
+    #[test]
+    fn unrelated_deductor_variables_are_ignored() {
+        let s = load(
+            &[
+                ("DEDUCTOR_REDIS_CLUSTER_URL", "redis-cluster://x:1"),
+                ("DEDUCTOR_KAFKA_SASL_BROKERS", "x:1"),
+                ("DEDUCTOR_CONFIG", ""),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
     }
 
     #[test]
