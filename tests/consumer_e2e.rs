@@ -414,6 +414,7 @@ async fn end_to_end_outcomes_match_the_contract() {
             "partition {p}: committed {c:?}, log end {end}"
         );
     }
+    f.cleanup().await;
 }
 
 /// One invalid-event case.
@@ -637,6 +638,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
         Some(ends[&0]),
         "partition 0 committed past every poison record"
     );
+    f.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,4 +764,5 @@ async fn graceful_shutdown_commits_what_was_done_and_reprocesses_nothing() {
     );
     kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 3, Duration::from_secs(10))
         .await;
+    f.cleanup().await;
 }

@@ -1,0 +1,311 @@
+//! The `deductor` binary as an operator uses it: configuration errors name
+//! the key in one line, `promo set/show`, `publish`, `check` and
+//! `healthcheck` against the real Kafka and Redis.
+
+mod common;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::kafka;
+use common::service::{self, Fixture};
+
+/// Runs `deductor <args>` with exactly `env` (inherited `DEDUCTOR_*` removed).
+async fn deductor(env: &[(String, String)], args: &[&str]) -> Output {
+    let mut c = service::command(env);
+    c.args(args);
+    tokio::task::spawn_blocking(move || c.output().expect("running deductor"))
+        .await
+        .unwrap()
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit non-zero with one line on stderr that contains `needle`.
+fn assert_one_line_error(o: &Output, needle: &str, what: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "{what}: exits non-zero; stderr: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{what}: one line on stderr: {err:?}"
+    );
+    assert!(err.contains(needle), "{what}: names {needle:?}: {err}");
+}
+
+/// A TCP port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_errors_name_the_key_in_one_line() {
+    let none = env(&[]);
+    for cmd in ["check", "run"] {
+        let o = deductor(&none, &[cmd, "--set", "redis.pool=3"]).await;
+        assert_one_line_error(&o, "redis.pool", &format!("{cmd} --set redis.pool=3"));
+
+        let o = deductor(&env(&[("DEDUCTOR_REDIS_POOL_SIZE", "many")]), &[cmd]).await;
+        assert_one_line_error(
+            &o,
+            "redis.pool_size",
+            &format!("{cmd} with DEDUCTOR_REDIS_POOL_SIZE=many"),
+        );
+
+        let o = deductor(&none, &[cmd, "--set", "redis.url=http://x"]).await;
+        assert_one_line_error(&o, "redis.url", &format!("{cmd} --set redis.url=http://x"));
+
+        let o = deductor(&none, &[cmd, "--set", "pipeline.commit_interval_ms=0"]).await;
+        assert_one_line_error(
+            &o,
+            "pipeline.commit_interval_ms",
+            &format!("{cmd} --set pipeline.commit_interval_ms=0"),
+        );
+
+        let o = deductor(&none, &[cmd, "--config", "/nonexistent/deductor.toml"]).await;
+        assert_one_line_error(
+            &o,
+            "/nonexistent/deductor.toml",
+            &format!("{cmd} --config missing"),
+        );
+    }
+    // Errors are reported before anything is reached: no service is needed.
+    let o = deductor(
+        &env(&[("DEDUCTOR_KAFKA_BROKERS", "127.0.0.1:1")]),
+        &["run", "--set", "kafka.input_topic=bad topic"],
+    )
+    .await;
+    assert_one_line_error(&o, "kafka.input_topic", "run with a bad topic name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promo_set_refuses_to_overwrite_without_force_and_show_reads_it() {
+    // A prefix of its own, whose keys are deleted when the test passes.
+    let r = common::redis::standalone().await;
+    let e = env(&[
+        ("DEDUCTOR_REDIS_URL", &r.url),
+        ("DEDUCTOR_REDIS_KEY_PREFIX", &r.prefix),
+        ("DEDUCTOR_LOG_LEVEL", "warn"),
+    ]);
+    let set = [
+        "promo",
+        "set",
+        "flash-1",
+        "--budget",
+        "1500",
+        "--stock",
+        "10",
+        "--per-customer",
+        "1",
+    ];
+    let o = deductor(&e, &set).await;
+    assert!(o.status.success(), "first promo set: {}", stderr(&o));
+    assert!(
+        stdout(&o).contains("promotion flash-1 created"),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = deductor(&e, &set).await;
+    assert_one_line_error(&o, "--force", "promo set of an existing promotion");
+
+    let o = deductor(
+        &e,
+        &["promo", "set", "flash-1", "--budget", "900", "--force"],
+    )
+    .await;
+    assert!(o.status.success(), "promo set --force: {}", stderr(&o));
+    assert!(
+        stdout(&o).contains("promotion flash-1 replaced"),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = deductor(&e, &["promo", "show", "flash-1"]).await;
+    assert!(o.status.success(), "promo show: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("budget: 900 remaining of 900"), "{out}");
+    assert!(
+        out.contains("stock: unlimited"),
+        "--force replaced the whole promotion: {out}"
+    );
+
+    let o = deductor(&e, &["promo", "show", "no-such-promo"]).await;
+    assert_one_line_error(&o, "no-such-promo", "promo show of a missing promotion");
+
+    let o = deductor(&e, &["promo", "show", "bad:id"]).await;
+    assert_one_line_error(&o, "bad:id", "promo show of an invalid id");
+    assert_eq!(
+        r.promo_field("flash-1", "budget").await.as_deref(),
+        Some("900")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_produces_each_line_keyed_by_order_id() {
+    let f = Fixture::new("publish", 3).await;
+    let lines = [
+        r#"{"type":"OrderPlaced","event_id":"e1","order_id":"o-1","customer_id":"c","occurred_at":"2026-11-29T10:00:00Z","lines":[{"promotion_id":"p"}]}"#,
+        r#"{"type":"OrderRefunded","event_id":"e2","order_id":"o-2","customer_id":"c","occurred_at":"2026-11-29T10:00:00Z","lines":[{"promotion_id":"p"}]}"#,
+        "not json, sent as it is",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(
+        &file,
+        format!("{}\n\n{}\n{}\n", lines[0], lines[1], lines[2]),
+    )
+    .unwrap();
+    let o = deductor(&f.env(&[]), &["publish", file.to_str().unwrap()]).await;
+    assert!(o.status.success(), "publish: {}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("published 3 events to {}", f.topics.input)),
+        "{}",
+        stdout(&o)
+    );
+
+    let got = kafka::read_n(&f.topics.input, 3, Duration::from_secs(30)).await;
+    let mut got: Vec<(Option<String>, String)> = got
+        .iter()
+        .map(|r| {
+            (
+                r.key_str(),
+                String::from_utf8(r.payload.clone().unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut want = vec![
+        (Some("o-1".to_owned()), lines[0].to_owned()),
+        (Some("o-2".to_owned()), lines[1].to_owned()),
+        (None, lines[2].to_owned()),
+    ];
+    want.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(got, want, "each line, unchanged, keyed by its order_id");
+
+    // --topic names another topic.
+    let o = deductor(
+        &f.env(&[]),
+        &["publish", file.to_str().unwrap(), "--topic", &f.topics.dlq],
+    )
+    .await;
+    assert!(o.status.success(), "publish --topic: {}", stderr(&o));
+    kafka::read_n(&f.topics.dlq, 3, Duration::from_secs(30)).await;
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() {
+    let f = Fixture::new("check", 3).await;
+    let o = deductor(&f.env(&[]), &["check"]).await;
+    let out = stdout(&o);
+    assert!(o.status.success(), "check: {out}{}", stderr(&o));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.iter().all(|l| l.starts_with("ok ")),
+        "every line ok: {out}"
+    );
+    for name in ["config", "kafka", "redis", "scripts"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.split_whitespace().nth(1) == Some(&format!("{name}:"))),
+            "a line for {name}: {out}"
+        );
+    }
+    for t in [&f.topics.input, &f.topics.outcome, &f.topics.dlq] {
+        assert!(
+            out.contains(&format!("{t} (3 partitions)")),
+            "topic {t}: {out}"
+        );
+    }
+
+    let o = deductor(&f.env(&[("redis.url", "redis://127.0.0.1:1")]), &["check"]).await;
+    let out = stdout(&o);
+    assert!(
+        !o.status.success(),
+        "check with Redis unreachable exits non-zero: {out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("FAIL  redis")), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("ok    kafka")),
+        "Kafka still checked: {out}"
+    );
+
+    let o = deductor(
+        &f.env(&[("kafka.input_topic", "t-no-such-topic-here")]),
+        &["check"],
+    )
+    .await;
+    let out = stdout(&o);
+    assert!(
+        !o.status.success(),
+        "check with a missing topic exits non-zero: {out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("FAIL  kafka") && l.contains("t-no-such-topic-here")),
+        "{out}"
+    );
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
+    let f = Fixture::new("health", 3).await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = service::spawn(&f.env(&[("http.listen", &listen)]), &["run"]);
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    let probe_env = env(&[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = deductor(&probe_env, &["healthcheck", "--url", &url]).await;
+        if o.status.success() {
+            break;
+        }
+        child.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "healthcheck never passed: {}\n{}",
+            stderr(&o),
+            child.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let closed = format!("http://127.0.0.1:{}/healthz", free_port());
+    let o = deductor(&probe_env, &["healthcheck", "--url", &closed]).await;
+    assert_one_line_error(&o, "127.0.0.1", "healthcheck against a closed port");
+
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "deductor run exits 0 on SIGTERM: {status}"
+    );
+    let o = deductor(&probe_env, &["healthcheck", "--url", &url]).await;
+    assert!(
+        !o.status.success(),
+        "healthcheck fails once the service is gone"
+    );
+    f.cleanup().await;
+}
