@@ -27,6 +27,8 @@ if #ARGV ~= 0 then return redis.error_reply('BADARG expected no arguments, got '
 local key = KEYS[1]
 local v = redis.pcall('GET', key)
 if type(v) == 'table' and v.err then
+  -- Only a wrong key type is corrupt data; other errors keep their own code.
+  if string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(v.err) end
   local t = redis.pcall('TYPE', key)
   return redis.error_reply('CORRUPT ' .. key .. ' type: ' .. show(type(t) == 'table' and t.ok or v.err))
 end

@@ -37,6 +37,10 @@ end
 
 local function wrong_type(key, reply)
   if type(reply) == 'table' and reply.err then
+    -- Only a wrong key type is corrupt data; any other error (an ACL refusal:
+    -- NOPERM, OOM, ...) is passed on with its own code so the caller does not
+    -- mistake a misconfiguration for corrupt promotions.
+    if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then fail(reply.err) end
     local t = redis.pcall('TYPE', key)
     corrupt(key, 'type', type(t) == 'table' and t.ok or reply.err)
   end

@@ -852,6 +852,13 @@ async fn every_rule_of_the_service_acl_is_needed() {
             r.is_err(),
             "the service works without {rule}: drop it from the documented ACL"
         );
+        // A refused command inside a script is a misconfiguration, not
+        // corrupt promotion data: it must never become a rejection.
+        let e = r.unwrap_err();
+        assert!(
+            !e.contains("CorruptPromotion"),
+            "without {rule} the ACL refusal was reported as corrupt data: {e}"
+        );
     }
     admin.quit().await;
 }
