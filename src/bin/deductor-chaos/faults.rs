@@ -1,0 +1,266 @@
+//! The fault schedule and how each fault is done. Faults happen one at a
+//! time, at random moments of the production window (a fault that is due
+//! while another runs starts right after it).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::fleet::Fleet;
+use crate::rng::Rng;
+use crate::stack::{Broker, Cut, Redis};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// SIGKILL a consumer, restart it.
+    ConsumerKill,
+    /// SIGSTOP a consumer past the session timeout, then SIGCONT.
+    Zombie,
+    /// A consumer leaves (SIGTERM) and comes back, or an extra one joins and leaves.
+    Rebalance,
+    /// SIGKILL Redis, restart it from its AOF (empty script cache).
+    RedisKill,
+    /// SIGKILL the broker, restart it.
+    BrokerKill,
+    /// Redis's port cut inside its network namespace (drop or reset).
+    RedisCut,
+    /// The broker's port cut on the loopback.
+    BrokerCut,
+}
+
+/// How many of each kind.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counts {
+    pub consumer_kills: usize,
+    pub zombies: usize,
+    pub rebalances: usize,
+    pub redis_kills: usize,
+    pub broker_kills: usize,
+    pub redis_cuts: usize,
+    pub broker_cuts: usize,
+}
+
+/// Random moments in [5%, 90%] of `window`, sorted.
+pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, Kind)> {
+    let mut out = Vec::new();
+    for (n, kind) in [
+        (c.consumer_kills, Kind::ConsumerKill),
+        (c.zombies, Kind::Zombie),
+        (c.rebalances, Kind::Rebalance),
+        (c.redis_kills, Kind::RedisKill),
+        (c.broker_kills, Kind::BrokerKill),
+        (c.redis_cuts, Kind::RedisCut),
+        (c.broker_cuts, Kind::BrokerCut),
+    ] {
+        for _ in 0..n {
+            let f = 0.05 + 0.85 * (rng.range(0, 1_000_000) as f64 / 1_000_000.0);
+            out.push((window.mul_f64(f), kind));
+        }
+    }
+    out.sort_by_key(|(at, _)| *at);
+    out
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    pub at_s: f64,
+    pub kind: Kind,
+    pub detail: String,
+    pub took_s: f64,
+}
+
+pub struct Env {
+    pub fleet: Arc<Mutex<Fleet>>,
+    pub redis: Arc<std::sync::Mutex<Redis>>,
+    pub broker: Broker,
+    pub session_timeout: Duration,
+    pub started: Instant,
+}
+
+async fn pause(rng: &mut Rng, lo_ms: u64, hi_ms: u64) -> u64 {
+    let ms = rng.range(lo_ms, hi_ms);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    ms
+}
+
+/// Waits until slot `i` has exited after a SIGTERM (the monitor reaps it).
+async fn wait_left(env: &Env, i: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if env.fleet.lock().await.is_off(i) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Does one fault; returns what was done.
+pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::Result<Done> {
+    let at = env.started.elapsed();
+    let t0 = Instant::now();
+    let detail = match kind {
+        Kind::ConsumerKill => {
+            let pick = {
+                let mut f = env.fleet.lock().await;
+                let running = f.running();
+                if running.is_empty() {
+                    None
+                } else {
+                    let i = running[rng.below(running.len())];
+                    f.kill(i);
+                    Some(i)
+                }
+            };
+            match pick {
+                Some(i) => {
+                    let down = pause(rng, 200, 2_000).await;
+                    env.fleet.lock().await.spawn(i)?;
+                    format!("consumer {i} SIGKILLed, restarted after {down} ms")
+                }
+                None => "no running consumer: skipped".to_owned(),
+            }
+        }
+        Kind::Zombie => {
+            let pick = {
+                let mut f = env.fleet.lock().await;
+                let running = f.running();
+                if running.is_empty() {
+                    None
+                } else {
+                    let i = running[rng.below(running.len())];
+                    f.freeze(i);
+                    Some(i)
+                }
+            };
+            match pick {
+                Some(i) => {
+                    let extra = rng.range(2_000, 5_000);
+                    let frozen = env.session_timeout + Duration::from_millis(extra);
+                    tokio::time::sleep(frozen).await;
+                    env.fleet.lock().await.thaw(i);
+                    format!(
+                        "consumer {i} SIGSTOPped for {} ms, then SIGCONT",
+                        frozen.as_millis()
+                    )
+                }
+                None => "no running consumer: skipped".to_owned(),
+            }
+        }
+        Kind::Rebalance => {
+            if n % 2 == 0 {
+                // A member leaves gracefully and comes back.
+                let pick = {
+                    let mut f = env.fleet.lock().await;
+                    let running = f.running();
+                    if running.is_empty() {
+                        None
+                    } else {
+                        let i = running[rng.below(running.len())];
+                        f.terminate(i);
+                        Some(i)
+                    }
+                };
+                match pick {
+                    Some(i) => {
+                        let left = wait_left(env, i, Duration::from_secs(60)).await;
+                        let away = pause(rng, 1_000, 3_000).await;
+                        let mut f = env.fleet.lock().await;
+                        if !left {
+                            f.kill(i);
+                        }
+                        f.spawn(i)?;
+                        format!(
+                            "consumer {i} left (SIGTERM){}, rejoined after {away} ms",
+                            if left {
+                                ""
+                            } else {
+                                " but did not exit in 60 s: SIGKILLed"
+                            }
+                        )
+                    }
+                    None => "no running consumer: skipped".to_owned(),
+                }
+            } else {
+                // An extra member joins, stays a while, leaves.
+                let i = {
+                    let mut f = env.fleet.lock().await;
+                    let i = f.len();
+                    f.spawn(i)?;
+                    i
+                };
+                let stay = pause(rng, 3_000, 8_000).await;
+                env.fleet.lock().await.terminate(i);
+                let left = wait_left(env, i, Duration::from_secs(60)).await;
+                if !left {
+                    env.fleet.lock().await.kill(i);
+                }
+                format!(
+                    "extra consumer {i} joined, left after {stay} ms{}",
+                    if left {
+                        ""
+                    } else {
+                        " (SIGKILLed: no exit in 60 s)"
+                    }
+                )
+            }
+        }
+        Kind::RedisKill => {
+            blocking(|| env.redis.lock().expect("redis lock").kill());
+            let down = pause(rng, 500, 3_000).await;
+            blocking(|| {
+                let mut r = env.redis.lock().expect("redis lock");
+                r.restarts += 1;
+                r.start()
+            })?;
+            format!("redis SIGKILLed, restarted from its AOF after {down} ms")
+        }
+        Kind::BrokerKill => {
+            blocking(|| env.broker.kill())?;
+            let down = pause(rng, 1_000, 4_000).await;
+            blocking(|| env.broker.start())?;
+            format!("broker SIGKILLed, restarted after {down} ms (+ its start time)")
+        }
+        Kind::RedisCut => {
+            let how = if n % 2 == 0 { Cut::Drop } else { Cut::Reset };
+            let (port, netns) = {
+                let r = env.redis.lock().expect("redis lock");
+                (r.port, r.netns().cloned())
+            };
+            let Some(ns) = netns else {
+                anyhow::bail!("redis cut needs --netns")
+            };
+            ns.cut(port, how)?;
+            let held = pause(rng, 3_000, 8_000).await;
+            ns.heal()?;
+            format!(
+                "redis port {port} cut ({}) in netns {} for {held} ms",
+                how.as_str(),
+                ns.name
+            )
+        }
+        Kind::BrokerCut => {
+            env.broker.cut()?;
+            let held = pause(rng, 3_000, 8_000).await;
+            env.broker.heal()?;
+            format!(
+                "broker port {} dropped on lo for {held} ms",
+                env.broker.port
+            )
+        }
+    };
+    Ok(Done {
+        at_s: at.as_secs_f64(),
+        kind,
+        detail,
+        took_s: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,234 @@
+//! The `deductor run` processes of one consumer group, and what is done to
+//! them: SIGKILL and restart, SIGSTOP past the session timeout then SIGCONT
+//! (a zombie), SIGTERM (a graceful leave, which must exit 0: G4) and joins.
+//!
+//! A process that exits without being told to is an unexpected exit: it is
+//! counted (it must not happen) and restarted.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    /// SIGSTOPped.
+    Frozen,
+    /// SIGTERM sent; its exit is expected.
+    Leaving,
+    /// No process, on purpose.
+    Off,
+}
+
+struct Slot {
+    child: Option<Child>,
+    state: State,
+    started: u32,
+}
+
+/// What happened to the processes, for the report.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct FleetStats {
+    pub started: u32,
+    pub killed: u32,
+    pub frozen: u32,
+    pub terminated: u32,
+    /// Exit codes of SIGTERMed processes other than 0 (must be none).
+    pub bad_term_exits: Vec<String>,
+    /// Processes that exited without being told to (must be none).
+    pub unexpected_exits: Vec<String>,
+}
+
+pub struct Fleet {
+    bin: PathBuf,
+    args: Vec<String>,
+    logs: PathBuf,
+    slots: Vec<Slot>,
+    pub stats: FleetStats,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Fleet {
+    pub fn new(bin: PathBuf, args: Vec<String>, logs: PathBuf) -> Fleet {
+        Fleet {
+            bin,
+            args,
+            logs,
+            slots: Vec::new(),
+            stats: FleetStats::default(),
+        }
+    }
+
+    /// Starts a process in slot `i` (a new slot when `i` is the slot count).
+    pub fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+        if i == self.slots.len() {
+            self.slots.push(Slot {
+                child: None,
+                state: State::Off,
+                started: 0,
+            });
+        }
+        let slot = &mut self.slots[i];
+        slot.started += 1;
+        let log = self.logs.join(format!("consumer-{i}.{}.log", slot.started));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&self.bin);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("DEDUCTOR_") {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        let pids = self.logs.join("pids");
+        let mut all = std::fs::read_to_string(&pids).unwrap_or_default();
+        all.push_str(&format!("{}\n", child.id()));
+        std::fs::write(&pids, all)?;
+        slot.child = Some(child);
+        slot.state = State::Running;
+        self.stats.started += 1;
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots with a running (not frozen, not leaving) process.
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].state == State::Running)
+            .collect()
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let Some(mut c) = slot.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            self.stats.killed += 1;
+        }
+        slot.state = State::Off;
+    }
+
+    pub fn freeze(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let Some(c) = &slot.child {
+            signal(c.id(), "STOP");
+            slot.state = State::Frozen;
+            self.stats.frozen += 1;
+        }
+    }
+
+    pub fn thaw(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let Some(c) = &slot.child {
+            signal(c.id(), "CONT");
+        }
+        if slot.state == State::Frozen {
+            slot.state = State::Running;
+        }
+    }
+
+    /// Sends SIGTERM; [`Fleet::poll`] collects the exit.
+    pub fn terminate(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let Some(c) = &slot.child {
+            signal(c.id(), "CONT");
+            signal(c.id(), "TERM");
+            slot.state = State::Leaving;
+            self.stats.terminated += 1;
+        }
+    }
+
+    /// True while slot `i` has a process that was told to leave.
+    pub fn leaving(&self, i: usize) -> bool {
+        self.slots[i].state == State::Leaving
+    }
+
+    pub fn is_off(&self, i: usize) -> bool {
+        self.slots[i].state == State::Off
+    }
+
+    /// Reaps exits: a leaving process's exit code is checked, any other exit
+    /// is unexpected and the slot is restarted.
+    pub fn poll(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.slots.len() {
+            let status: Option<ExitStatus> = match self.slots[i].child.as_mut() {
+                Some(c) => c.try_wait().ok().flatten(),
+                None => None,
+            };
+            let Some(status) = status else { continue };
+            self.slots[i].child = None;
+            let started = self.slots[i].started;
+            match self.slots[i].state {
+                State::Leaving => {
+                    if !status.success() {
+                        self.stats
+                            .bad_term_exits
+                            .push(format!("consumer-{i}.{started}: {status}"));
+                    }
+                    self.slots[i].state = State::Off;
+                }
+                _ => {
+                    eprintln!(
+                        "chaos: consumer-{i}.{started} exited unexpectedly ({status}); restarting"
+                    );
+                    self.stats
+                        .unexpected_exits
+                        .push(format!("consumer-{i}.{started}: {status}"));
+                    self.spawn(i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Terminates every process and waits (SIGKILL after `grace`).
+    pub async fn stop_all(&mut self, grace: Duration) -> anyhow::Result<()> {
+        for i in 0..self.slots.len() {
+            if self.slots[i].child.is_some() && !self.leaving(i) {
+                self.terminate(i);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        while self.slots.iter().any(|s| s.child.is_some()) {
+            self.poll()?;
+            if Instant::now() > deadline {
+                for i in 0..self.slots.len() {
+                    if self.slots[i].child.is_some() {
+                        self.stats.bad_term_exits.push(format!(
+                            "consumer-{i}: still running {grace:?} after SIGTERM"
+                        ));
+                        self.kill(i);
+                    }
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs whatever is left (on errors).
+    pub fn kill_all(&mut self) {
+        for i in 0..self.slots.len() {
+            self.kill(i);
+        }
+    }
+}

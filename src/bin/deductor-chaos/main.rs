@@ -1,0 +1,567 @@
+//! `deductor-chaos`: the chaos suite. Seeds promotions with scarce stock,
+//! budgets and per-customer limits, produces a stream of order events, runs
+//! 1 to 3 `deductor run` processes in one consumer group, injects faults at
+//! random moments (consumer SIGKILL, zombies, rebalances, Redis SIGKILL,
+//! broker SIGKILL, network cuts), drains, then checks the topics, the
+//! committed offsets and Redis (see `check.rs`) and prints the figures.
+//! Exit status 0 iff every promised zero is zero.
+//!
+//! Normally started by `scripts/chaos`, which builds the binaries and runs a
+//! separate dev-stack broker for it. See docs/reliability.md.
+
+mod check;
+mod faults;
+mod fleet;
+mod kafka;
+mod model;
+mod rng;
+mod stack;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use deductor::admin::{self, PromoSpec};
+use deductor::domain::event::Id;
+use deductor::ledger::Ledger;
+
+use check::RunInfo;
+use faults::{Counts, Env};
+use fleet::Fleet;
+use stack::{Broker, Netns, Redis};
+
+#[derive(Parser)]
+#[command(
+    name = "deductor-chaos",
+    about = "Fault injection and a checker for deductor"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Seed, produce, run consumers, inject faults, drain, check.
+    Run(Box<RunArgs>),
+    /// Check a finished run again (its run dir must still have its broker and Redis).
+    Check {
+        #[arg(long)]
+        run_dir: PathBuf,
+    },
+}
+
+#[derive(Args, Clone, serde::Serialize)]
+struct RunArgs {
+    /// Records to produce (whole orders, so a few more).
+    #[arg(long, default_value_t = 3_000)]
+    events: usize,
+    /// Share of invalid events.
+    #[arg(long, default_value_t = 0.03)]
+    invalid_share: f64,
+    /// `deductor run` processes in the group (1 to 3).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=3))]
+    consumers: u8,
+    /// Seconds over which events are produced and faults injected.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    #[arg(long, default_value_t = 0)]
+    consumer_kills: usize,
+    #[arg(long, default_value_t = 0)]
+    zombies: usize,
+    #[arg(long, default_value_t = 0)]
+    rebalances: usize,
+    #[arg(long, default_value_t = 0)]
+    redis_kills: usize,
+    #[arg(long, default_value_t = 0)]
+    broker_kills: usize,
+    /// Network cuts of Redis (needs --netns).
+    #[arg(long, default_value_t = 0)]
+    redis_cuts: usize,
+    /// Network cuts of the broker's port (host iptables on lo).
+    #[arg(long, default_value_t = 0)]
+    broker_cuts: usize,
+    /// Seed of the workload and the schedule (default: the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Where logs, the workload summary and the figures go.
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// The separate chaos broker.
+    #[arg(long, default_value = "127.0.0.1:9292")]
+    brokers: String,
+    /// Port of the run's own Redis.
+    #[arg(long, default_value_t = 6490)]
+    redis_port: u16,
+    /// Put Redis behind a network namespace (veth), so its port can be cut.
+    #[arg(long)]
+    netns: bool,
+    /// The service binary.
+    #[arg(long, default_value = "target/release/deductor")]
+    deductor: PathBuf,
+    /// scripts/dev-stack (kill-kafka / start-kafka; its env names the instance).
+    #[arg(long, default_value = "scripts/dev-stack")]
+    stack_cmd: PathBuf,
+    /// The repository (for config/dev-stack/redis-common.conf).
+    #[arg(long, default_value = ".")]
+    repo: PathBuf,
+    /// The consumers' session.timeout.ms; a zombie sleeps longer than this.
+    #[arg(long, default_value_t = 6_000)]
+    session_timeout_ms: u64,
+    /// Most seconds to wait for the drain after the last fault.
+    #[arg(long, default_value_t = 600)]
+    drain_timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("deductor-chaos: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Run(a) => run(*a).await,
+            Command::Check { run_dir } => recheck(run_dir).await,
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("deductor-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn log(started: Instant, msg: impl AsRef<str>) {
+    eprintln!(
+        "chaos [{:>6.1}s] {}",
+        started.elapsed().as_secs_f64(),
+        msg.as_ref()
+    );
+}
+
+async fn recheck(dir: PathBuf) -> anyhow::Result<bool> {
+    let run: RunInfo = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
+    let promos: Vec<workload::Promo> =
+        serde_json::from_slice(&std::fs::read(dir.join("promotions.json"))?)?;
+    let f = check::check(&run, &promos, &dir).await?;
+    print!("{}", check::print(&f));
+    Ok(f.failed().is_empty())
+}
+
+async fn seed_promotions(ledger: &Ledger, promos: &[workload::Promo]) -> anyhow::Result<()> {
+    for p in promos.iter().filter(|p| p.seeded) {
+        let spec = PromoSpec {
+            budget: p.budget,
+            stock: p.stock,
+            per_customer: p.per_customer,
+            starts_at: p.starts_at,
+            ends_at: p.ends_at,
+            paused: p.paused,
+        };
+        let id = Id::parse(&p.id).map_err(|e| anyhow::anyhow!("{e}"))?;
+        admin::promo_set(ledger, &id, spec, true).await?;
+    }
+    Ok(())
+}
+
+async fn run(a: RunArgs) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    if (a.redis_cuts > 0) && !a.netns {
+        bail!("--redis-cuts needs --netns");
+    }
+    std::fs::create_dir_all(&a.run_dir)?;
+    let dir = a.run_dir.canonicalize()?;
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let mut rng = rng::Rng::new(seed ^ 0x5EED);
+    let tag = format!("{:06x}", rng.next_u64() & 0xff_ffff);
+    std::fs::write(
+        dir.join("args.json"),
+        serde_json::to_vec_pretty(
+            &serde_json::json!({"seed": seed, "tag": tag, "args": a.clone()}),
+        )?,
+    )?;
+    log(
+        started,
+        format!("run {tag}, seed {seed}, dir {}", dir.display()),
+    );
+
+    let w = workload::generate(a.events, a.invalid_share, seed);
+    std::fs::write(
+        dir.join("promotions.json"),
+        serde_json::to_vec_pretty(&w.promos)?,
+    )?;
+    std::fs::write(
+        dir.join("workload.json"),
+        serde_json::to_vec_pretty(&w.stats)?,
+    )?;
+    log(
+        started,
+        format!(
+            "workload: {} records, {} orders, {} invalid",
+            w.stats.records, w.stats.orders, w.stats.invalid
+        ),
+    );
+
+    // Redis of our own, maybe behind a namespace.
+    let netns = if a.netns {
+        Some(
+            Netns::create(&tag, (rng.range(1, 250)) as u8)
+                .context("creating the network namespace")?,
+        )
+    } else {
+        None
+    };
+    let redis = Redis::new(&a.repo, &dir.join("redis"), a.redis_port, netns)?;
+    let redis = Arc::new(std::sync::Mutex::new(redis));
+    let result = run_with_redis(&a, &dir, &tag, seed, &mut rng, w, redis.clone(), started).await;
+    redis.lock().expect("redis lock").stop();
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_with_redis(
+    a: &RunArgs,
+    dir: &std::path::Path,
+    tag: &str,
+    seed: u64,
+    rng: &mut rng::Rng,
+    w: workload::Workload,
+    redis: Arc<std::sync::Mutex<Redis>>,
+    started: Instant,
+) -> anyhow::Result<bool> {
+    let redis_url = {
+        let mut r = redis.lock().expect("redis lock");
+        r.start()?;
+        r.url()
+    };
+    let run = RunInfo {
+        brokers: a.brokers.clone(),
+        input_topic: format!("chaos-{tag}-orders"),
+        outcome_topic: format!("chaos-{tag}-outcomes"),
+        dlq_topic: format!("chaos-{tag}-dlq"),
+        group: format!("chaos-{tag}"),
+        redis_url: redis_url.clone(),
+        key_prefix: format!("chaos{tag}"),
+    };
+    std::fs::write(dir.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
+    let settings = check::redis_settings(&redis_url, &run.key_prefix);
+    let ledger = Ledger::connect(&settings)
+        .await
+        .context("connecting to the chaos Redis")?;
+    seed_promotions(&ledger, &w.promos).await?;
+    ledger.quit().await;
+    kafka::create_topics(
+        &a.brokers,
+        &[
+            (&run.input_topic, 6),
+            (&run.outcome_topic, 6),
+            (&run.dlq_topic, 3),
+        ],
+    )
+    .await?;
+    log(
+        started,
+        format!(
+            "redis {redis_url}, topics {} / {} / {}",
+            run.input_topic, run.outcome_topic, run.dlq_topic
+        ),
+    );
+
+    let kafka_port: u16 = a
+        .brokers
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9292);
+    let consumer_args: Vec<String> = [
+        "run".to_owned(),
+        format!("--brokers={}", a.brokers),
+        format!("--redis-url={redis_url}"),
+        "--log-format=json".to_owned(),
+        "--log-level=info,rdkafka=warn".to_owned(),
+        format!("--set=kafka.group_id={}", run.group),
+        format!("--set=kafka.input_topic={}", run.input_topic),
+        format!("--set=kafka.outcome_topic={}", run.outcome_topic),
+        format!("--set=kafka.dlq_topic={}", run.dlq_topic),
+        format!("--set=redis.key_prefix={}", run.key_prefix),
+        "--set=http.listen=".to_owned(),
+        format!(
+            "--set=kafka.consumer.session.timeout.ms={}",
+            a.session_timeout_ms
+        ),
+        format!(
+            "--set=kafka.consumer.heartbeat.interval.ms={}",
+            (a.session_timeout_ms / 4).max(500)
+        ),
+        "--set=pipeline.commit_interval_ms=500".to_owned(),
+        "--set=pipeline.drain_timeout_secs=15".to_owned(),
+    ]
+    .into();
+    let fleet = Arc::new(tokio::sync::Mutex::new(Fleet::new(
+        a.deductor.clone(),
+        consumer_args,
+        dir.to_owned(),
+    )));
+    {
+        let mut f = fleet.lock().await;
+        for i in 0..a.consumers as usize {
+            f.spawn(i)?;
+        }
+    }
+    let result = drive(
+        a,
+        dir,
+        &run,
+        seed,
+        rng,
+        w,
+        redis,
+        fleet.clone(),
+        kafka_port,
+        started,
+    )
+    .await;
+    fleet.lock().await.kill_all();
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    a: &RunArgs,
+    dir: &std::path::Path,
+    run: &RunInfo,
+    seed: u64,
+    rng: &mut rng::Rng,
+    w: workload::Workload,
+    redis: Arc<std::sync::Mutex<Redis>>,
+    fleet: Arc<tokio::sync::Mutex<Fleet>>,
+    kafka_port: u16,
+    started: Instant,
+) -> anyhow::Result<bool> {
+    // Reap exits in the background: a consumer that dies unasked is restarted.
+    let monitor = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if let Err(e) = fleet.lock().await.poll() {
+                    eprintln!("chaos: restarting a consumer failed: {e:#}");
+                }
+            }
+        })
+    };
+
+    let window = Duration::from_secs(a.duration.max(1));
+    let progress = Arc::new(kafka::Production::default());
+    let producer = {
+        let (brokers, topic, progress) =
+            (a.brokers.clone(), run.input_topic.clone(), progress.clone());
+        let records = w.records;
+        let burst = (records.len() / 30).max(1);
+        tokio::spawn(async move {
+            kafka::produce(&brokers, &topic, &records, window, burst, progress).await
+        })
+    };
+
+    let counts = Counts {
+        consumer_kills: a.consumer_kills,
+        zombies: a.zombies,
+        rebalances: a.rebalances,
+        redis_kills: a.redis_kills,
+        broker_kills: a.broker_kills,
+        redis_cuts: a.redis_cuts,
+        broker_cuts: a.broker_cuts,
+    };
+    let plan = faults::schedule(&counts, window, rng);
+    let env = Env {
+        fleet: fleet.clone(),
+        redis: redis.clone(),
+        broker: Broker {
+            stack_cmd: a.stack_cmd.clone(),
+            port: kafka_port,
+        },
+        session_timeout: Duration::from_millis(a.session_timeout_ms),
+        started,
+    };
+    let t0 = Instant::now();
+    let mut done = Vec::new();
+    let mut per_kind: std::collections::HashMap<String, usize> = Default::default();
+    for (at, kind) in plan {
+        if let Some(wait) = at.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        let k = format!("{kind:?}");
+        let n = *per_kind.entry(k).and_modify(|n| *n += 1).or_insert(0);
+        match faults::inject(kind, &env, rng, n).await {
+            Ok(d) => {
+                log(started, format!("fault: {} ({:.1} s)", d.detail, d.took_s));
+                done.push(d);
+            }
+            Err(e) => {
+                // Put things back as well as possible, then stop: a fault
+                // that cannot be undone invalidates the run.
+                let _ = redis.lock().map(|r| r.netns().map(|n| n.heal()));
+                let _ = env.broker.heal();
+                bail!("fault {kind:?} failed: {e:#}");
+            }
+        }
+    }
+    std::fs::write(dir.join("faults.json"), serde_json::to_vec_pretty(&done)?)?;
+
+    producer.await.context("producer task")??;
+    log(
+        started,
+        format!(
+            "produced {} records; draining",
+            progress.acked.load(Ordering::Relaxed)
+        ),
+    );
+
+    // Drain: every member running, until the committed offsets reach the log end.
+    {
+        let mut f = fleet.lock().await;
+        for i in 0..f.len() {
+            f.thaw(i);
+        }
+    }
+    let drain_started = Instant::now();
+    let deadline = drain_started + Duration::from_secs(a.drain_timeout);
+    let mut drained = false;
+    while Instant::now() < deadline {
+        let (b, t, g) = (
+            run.brokers.clone(),
+            run.input_topic.clone(),
+            run.group.clone(),
+        );
+        let r = tokio::task::spawn_blocking(move || {
+            anyhow::Ok((kafka::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
+        })
+        .await?;
+        if let Ok((ends, committed)) = r {
+            if ends
+                .iter()
+                .all(|(p, e)| committed.get(p) == Some(e) || *e == 0)
+            {
+                drained = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    log(
+        started,
+        if drained {
+            format!(
+                "drained in {:.1} s; stopping the consumers (SIGTERM)",
+                drain_started.elapsed().as_secs_f64()
+            )
+        } else {
+            format!(
+                "NOT drained after {} s; stopping the consumers",
+                a.drain_timeout
+            )
+        },
+    );
+    monitor.abort();
+    let stats = {
+        let mut f = fleet.lock().await;
+        f.stop_all(Duration::from_secs(40)).await?;
+        f.stats.clone()
+    };
+
+    log(started, "checking");
+    let mut figures = check::check(run, &load_promos(dir)?, dir).await?;
+    figures.rows.push((
+        "consumer processes started".into(),
+        stats.started as i64,
+        false,
+    ));
+    figures
+        .rows
+        .push(("consumer SIGKILLs".into(), stats.killed as i64, false));
+    figures.rows.push((
+        "consumer SIGSTOPs (zombies)".into(),
+        stats.frozen as i64,
+        false,
+    ));
+    figures
+        .rows
+        .push(("consumer SIGTERMs".into(), stats.terminated as i64, false));
+    for (kind, label) in [
+        (faults::Kind::Rebalance, "rebalances (leave/join)"),
+        (faults::Kind::RedisKill, "redis SIGKILLs"),
+        (faults::Kind::BrokerKill, "broker SIGKILLs"),
+        (faults::Kind::RedisCut, "redis network cuts"),
+        (faults::Kind::BrokerCut, "broker network cuts"),
+    ] {
+        let n = done.iter().filter(|d| d.kind == kind).count();
+        figures.rows.push((label.into(), n as i64, false));
+    }
+    figures.rows.push((
+        "SIGTERMed consumers not exiting 0 in time (G4)".into(),
+        stats.bad_term_exits.len() as i64,
+        true,
+    ));
+    figures.rows.push((
+        "consumers exiting unasked".into(),
+        stats.unexpected_exits.len() as i64,
+        true,
+    ));
+    figures
+        .rows
+        .push(("drain timed out".into(), i64::from(!drained), true));
+    for e in stats.bad_term_exits.iter().chain(&stats.unexpected_exits) {
+        eprintln!("chaos: {e}");
+    }
+    std::fs::write(dir.join("fleet.json"), serde_json::to_vec_pretty(&stats)?)?;
+    std::fs::write(
+        dir.join("figures.json"),
+        serde_json::to_vec_pretty(&figures)?,
+    )?;
+    let table = check::print(&figures);
+    std::fs::write(dir.join("report.txt"), &table)?;
+    println!(
+        "seed {seed}, run dir {}, {:.0} s\n",
+        dir.display(),
+        started.elapsed().as_secs_f64()
+    );
+    print!("{table}");
+    let failed = figures.failed();
+    if failed.is_empty() {
+        println!("\nCHAOS OK: every promised zero is zero");
+    } else {
+        println!(
+            "\nCHAOS FAILED: {}; evidence in {}/anomalies.txt",
+            failed.join(", "),
+            dir.display()
+        );
+    }
+    Ok(failed.is_empty())
+}
+
+fn load_promos(dir: &std::path::Path) -> anyhow::Result<Vec<workload::Promo>> {
+    Ok(serde_json::from_slice(&std::fs::read(
+        dir.join("promotions.json"),
+    )?)?)
+}
