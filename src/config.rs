@@ -529,11 +529,12 @@ fn one_line(e: &figment::Error) -> String {
     let mut msgs = Vec::new();
     for err in e.clone() {
         let path = err.path.join(".");
-        let from = err
-            .metadata
-            .as_ref()
-            .and_then(|m| m.source.as_ref().map(|s| format!(" (from {s})")))
-            .unwrap_or_default();
+        // Name a file source; the other layers (defaults, environment,
+        // flags) are built in code, whose location means nothing to a user.
+        let from = match err.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+            Some(figment::Source::File(path)) => format!(" (in {})", path.display()),
+            _ => String::new(),
+        };
         if path.is_empty() {
             msgs.push(format!("{}{from}", err.kind));
         } else {
