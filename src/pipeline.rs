@@ -1,10 +1,11 @@
 //! consume -> decide -> apply -> publish -> mark done: the only place where
 //! the order of the steps lives.
 //!
-//! One task reads the consumer group and hands each message to its
-//! partition's lane. A lane starts events in offset order, keeps up to
-//! `max_in_flight_per_partition` of them in flight (pipelined to Redis), but
-//! never two of one order, and marks each offset done only after Redis
+//! One task serves the consumer group (rebalances, errors) and hands each
+//! message to its partition's lane; every partition has its own librdkafka
+//! queue, pulled only when its lane has room. A lane starts events in
+//! offset order, keeps up to `max_in_flight_per_partition` of them in
+//! flight (pipelined to Redis), but never two of one order, and marks each offset done only after Redis
 //! replied and the broker acknowledged the outcome or dead letter. Only
 //! watermarks are committed: on a timer, on revoke and at shutdown.
 
@@ -14,8 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::TopicPartitionList;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -321,12 +325,128 @@ impl Lane {
 
 /// The main loop's handle on a lane.
 struct LaneHandle {
+    /// Tells this lane from a later one of the same partition.
+    id: u64,
+    /// A pull from the partition's own queue is armed for this lane.
+    pulling: bool,
     tx: mpsc::Sender<OwnedMessage>,
     stop: CancellationToken,
     join: JoinHandle<()>,
     /// Messages that did not fit while the lane was full; the partition is
     /// paused until they are handed over.
     stash: VecDeque<OwnedMessage>,
+}
+
+/// Starts lanes: on assignment (partitions with their own queue) and on a
+/// message from the main queue (any other partition).
+struct Spawner {
+    processor: Arc<Processor>,
+    offsets: Offsets,
+    global: Arc<Semaphore>,
+    capacity: usize,
+    shutdown: CancellationToken,
+    fatal: mpsc::UnboundedSender<anyhow::Error>,
+    status: Arc<Status>,
+    next_id: u64,
+}
+
+impl Spawner {
+    fn spawn(&mut self, partition: i32, predecessor: Option<JoinHandle<()>>) -> LaneHandle {
+        let (tx, rx) = mpsc::channel(self.capacity);
+        let stop = self.shutdown.child_token();
+        let lane = Lane {
+            partition,
+            rx,
+            processor: self.processor.clone(),
+            offsets: self.offsets.clone(),
+            global: self.global.clone(),
+            capacity: self.capacity,
+            stop: stop.clone(),
+            fatal: self.fatal.clone(),
+            status: self.status.clone(),
+        };
+        let join = tokio::spawn(lane.run(predecessor));
+        self.next_id += 1;
+        LaneHandle {
+            id: self.next_id,
+            pulling: false,
+            tx,
+            stop,
+            join,
+            stash: VecDeque::new(),
+        }
+    }
+}
+
+type PartitionQueue = StreamPartitionQueue<group::Context>;
+
+/// Gives every partition of `topic` its own librdkafka queue (before the
+/// first poll of the main queue). A lane then pulls its partition only
+/// when it has room: a full lane holds back its own partition and nothing
+/// else, with no pause/resume, which drops librdkafka's prefetch on every
+/// cycle (at full lag that was a refetch per lane-full of events, and
+/// partitions stalled). The prefetch stays bounded per partition
+/// (`queued.max.messages.kbytes`). Partitions added later, or a topic that
+/// does not exist yet, go through the main queue and the stash instead.
+fn split_queues(consumer: &Arc<GroupConsumer>, topic: &str) -> HashMap<i32, Arc<PartitionQueue>> {
+    let metadata = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, topic, "no metadata: partitions are read through the main queue");
+            return HashMap::new();
+        }
+    };
+    metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions())
+        .filter_map(|p| {
+            let q = consumer.split_partition_queue(topic, p.id())?;
+            Some((p.id(), Arc::new(q)))
+        })
+        .collect()
+}
+
+/// A message taken from a partition's own queue, with room for it already
+/// reserved in the lane `lane`; `None` when that lane stopped first.
+struct Pulled {
+    partition: i32,
+    lane: u64,
+    taken: Option<(mpsc::OwnedPermit<OwnedMessage>, KafkaResult<OwnedMessage>)>,
+}
+
+/// Waits for room in the lane, then for the partition's next message. Only
+/// the main loop hands pulled messages over (after applying rebalance
+/// notes), and at most one pull per partition is armed, so messages reach
+/// the lane in offset order.
+fn pull(
+    partition: i32,
+    lane: &LaneHandle,
+    queue: Arc<PartitionQueue>,
+) -> BoxFuture<'static, Pulled> {
+    let (id, tx, stop) = (lane.id, lane.tx.clone(), lane.stop.clone());
+    async move {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            permit = tx.reserve_owned() => permit.ok(),
+        };
+        let taken = match permit {
+            None => None,
+            Some(permit) => tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                m = queue.recv() => Some((permit, m.map(|m| m.detach()))),
+            },
+        };
+        Pulled {
+            partition,
+            lane: id,
+            taken,
+        }
+    }
+    .boxed()
 }
 
 /// Runs the service until `shutdown` is cancelled (then drains, commits and
@@ -345,11 +465,13 @@ pub async fn run_with_status(
         .context("connecting to Redis")?;
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
-    let consumer =
-        group::create(&settings.kafka, offsets.clone()).context("creating the Kafka consumer")?;
+    let consumer = Arc::new(
+        group::create(&settings.kafka, offsets.clone()).context("creating the Kafka consumer")?,
+    );
     consumer
         .subscribe(&[&settings.kafka.input_topic])
         .with_context(|| format!("subscribing to {}", settings.kafka.input_topic))?;
+    let queues = split_queues(&consumer, &settings.kafka.input_topic);
     tracing::info!(topic = %settings.kafka.input_topic, group = %settings.kafka.group_id, "consuming");
 
     let processor = Arc::new(Processor {
@@ -360,9 +482,23 @@ pub async fn run_with_status(
     });
     let global = Arc::new(Semaphore::new(settings.pipeline.max_in_flight));
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
-    let capacity = settings.pipeline.max_in_flight_per_partition;
-    let mut lanes: HashMap<i32, LaneHandle> = HashMap::new();
-    let mut retiring: HashMap<i32, JoinHandle<()>> = HashMap::new();
+    let mut lanes = Lanes {
+        by_partition: HashMap::new(),
+        retiring: HashMap::new(),
+        queues,
+        pulls: FuturesUnordered::new(),
+        spawner: Spawner {
+            processor,
+            offsets: offsets.clone(),
+            global: global.clone(),
+            capacity: settings.pipeline.max_in_flight_per_partition,
+            shutdown: shutdown.clone(),
+            fatal: fatal_tx,
+            status: status.clone(),
+            next_id: 0,
+        },
+    };
+    let topic = settings.kafka.input_topic.as_str();
     let mut commit_tick =
         tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
     commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -371,7 +507,7 @@ pub async fn run_with_status(
     status.touch();
 
     loop {
-        let stashed = lanes.values().any(|l| !l.stash.is_empty());
+        let stashed = lanes.by_partition.values().any(|l| !l.stash.is_empty());
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
@@ -383,59 +519,55 @@ pub async fn run_with_status(
                 fatal = Some(anyhow::Error::new(failure).context("kafka producer"));
                 break;
             }
+            // Rebalance callbacks run inside `consumer.recv()` below; their
+            // notes are applied before any message pulled after them.
+            _ = consumer.context().noted() => {
+                lanes.apply_notes(&consumer, topic, &status);
+            }
             _ = commit_tick.tick() => {
-                // Rebalance notes are also taken here, not only with a
-                // message: an idle topic must still report its assignment
-                // (readiness, deductor_assigned_partitions).
-                apply_notes(&consumer, &settings.kafka.input_topic, &mut lanes, &mut retiring, &status);
-                commit(&consumer, &offsets, &settings.kafka.input_topic, CommitMode::Async);
+                lanes.apply_notes(&consumer, topic, &status);
+                commit(&consumer, &offsets, topic, CommitMode::Async);
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
                 status.touch();
-                if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, &settings.kafka.input_topic) {
+                if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, topic) {
                     tracing::info!("every assigned partition is processed to its end: stopping");
                     break;
                 }
             }
             _ = stash_tick.tick(), if stashed => {
-                for (p, lane) in lanes.iter_mut() {
-                    flush_stash(&consumer, &settings.kafka.input_topic, *p, lane);
+                for (p, lane) in lanes.by_partition.iter_mut() {
+                    flush_stash(&consumer, topic, *p, lane);
                 }
             }
+            // Polled on every turn, ahead of the pulls: it serves rebalances
+            // and errors (and the messages of partitions without their own
+            // queue), however busy the partition queues are.
             msg = consumer.recv() => {
                 status.touch();
-                apply_notes(&consumer, &settings.kafka.input_topic, &mut lanes, &mut retiring, &status);
-                match msg {
+                lanes.apply_notes(&consumer, topic, &status);
+                let result = match msg {
                     Ok(m) => {
                         let m = m.detach();
                         let p = m.partition();
-                        let lane = lanes.entry(p).or_insert_with(|| {
-                            let (tx, rx) = mpsc::channel(capacity);
-                            let stop = shutdown.child_token();
-                            let lane = Lane {
-                                partition: p,
-                                rx,
-                                processor: processor.clone(),
-                                offsets: offsets.clone(),
-                                global: global.clone(),
-                                capacity,
-                                stop: stop.clone(),
-                                fatal: fatal_tx.clone(),
-                                status: status.clone(),
-                            };
-                            let join = tokio::spawn(lane.run(retiring.remove(&p)));
-                            LaneHandle { tx, stop, join, stash: VecDeque::new() }
-                        });
-                        dispatch(&consumer, &settings.kafka.input_topic, p, lane, m);
+                        dispatch(&consumer, topic, p, lanes.get_or_spawn(p), m);
+                        Ok(())
                     }
-                    Err(e) => {
-                        metrics::kafka_error(&e);
-                        match crate::kafka::publisher::classify(&e) {
-                            Disposition::Fatal => {
-                                fatal = Some(anyhow::Error::new(e).context("kafka consumer"));
-                                break;
-                            }
-                            _ => tracing::warn!(error = %e, "kafka consumer error; librdkafka reconnects by itself"),
-                        }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = result {
+                    if let Some(e) = consumer_error(e) {
+                        fatal = Some(e);
+                        break;
+                    }
+                }
+            }
+            Some(pulled) = lanes.pulls.next(), if !lanes.pulls.is_empty() => {
+                status.touch();
+                lanes.apply_notes(&consumer, topic, &status);
+                if let Err(e) = lanes.hand_over(&consumer, topic, pulled) {
+                    if let Some(e) = consumer_error(e) {
+                        fatal = Some(e);
+                        break;
                     }
                 }
             }
@@ -451,12 +583,14 @@ pub async fn run_with_status(
         "draining"
     );
     let mut joins = Vec::new();
-    for (_, lane) in lanes.drain() {
+    for (_, lane) in lanes.by_partition.drain() {
         lane.stop.cancel();
         drop(lane.tx);
         joins.push(lane.join);
     }
-    joins.extend(retiring.into_values());
+    joins.extend(lanes.retiring.drain().map(|(_, j)| j));
+    // The partition queues hold the consumer: release them before it closes.
+    drop(lanes);
     if tokio::time::timeout(drain, futures::future::join_all(joins))
         .await
         .is_err()
@@ -487,42 +621,129 @@ pub async fn run_with_status(
     }
 }
 
-/// Retires the lanes of revoked partitions before the next message is handled.
-fn apply_notes(
-    consumer: &GroupConsumer,
-    topic: &str,
-    lanes: &mut HashMap<i32, LaneHandle>,
-    retiring: &mut HashMap<i32, JoinHandle<()>>,
-    status: &Status,
-) {
-    for note in consumer.context().take_notes() {
-        match note {
-            Assignment::Revoked(parts) => {
-                for p in parts {
-                    if let Some(lane) = lanes.remove(&p) {
-                        lane.stop.cancel();
-                        retiring.insert(p, lane.join);
-                    }
-                }
-                status.assigned.store(0, Ordering::Relaxed);
-                metrics::assigned(0);
+/// The main loop's lanes, their partition queues and the armed pulls.
+struct Lanes {
+    by_partition: HashMap<i32, LaneHandle>,
+    /// Revoked lanes still finishing their in-flight events.
+    retiring: HashMap<i32, JoinHandle<()>>,
+    queues: HashMap<i32, Arc<PartitionQueue>>,
+    pulls: FuturesUnordered<BoxFuture<'static, Pulled>>,
+    spawner: Spawner,
+}
+
+impl Lanes {
+    /// The lane of `p`, started if there is none; a partition with its own
+    /// queue gets its pull armed.
+    fn get_or_spawn(&mut self, p: i32) -> &mut LaneHandle {
+        let lane = match self.by_partition.entry(p) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.spawner.spawn(p, self.retiring.remove(&p)))
             }
-            Assignment::Assigned(parts) => {
-                // A partition paused by a full lane before a revoke must not
-                // come back paused: its new lane starts empty.
-                let mut list = TopicPartitionList::new();
-                for p in &parts {
-                    list.add_partition(topic, *p);
-                }
-                if let Err(e) = consumer.resume(&list) {
-                    tracing::debug!(error = %e, "resume on assign");
-                }
-                status.assigned.store(parts.len(), Ordering::Relaxed);
-                metrics::assigned(parts.len());
+        };
+        if !lane.pulling {
+            if let Some(q) = self.queues.get(&p) {
+                lane.pulling = true;
+                self.pulls.push(pull(p, lane, q.clone()));
             }
         }
+        lane
     }
-    retiring.retain(|_, j| !j.is_finished());
+
+    /// Retires the lanes of revoked partitions and starts the lanes of
+    /// assigned ones, before the next message is handled.
+    fn apply_notes(&mut self, consumer: &GroupConsumer, topic: &str, status: &Status) {
+        for note in consumer.context().take_notes() {
+            match note {
+                Assignment::Revoked(parts) => {
+                    for p in parts {
+                        if let Some(lane) = self.by_partition.remove(&p) {
+                            // Also resolves the lane's pull without taking
+                            // a message.
+                            lane.stop.cancel();
+                            self.retiring.insert(p, lane.join);
+                        }
+                    }
+                    status.assigned.store(0, Ordering::Relaxed);
+                    metrics::assigned(0);
+                }
+                Assignment::Assigned(parts) => {
+                    // A partition paused by a full lane before a revoke must not
+                    // come back paused: its new lane starts empty.
+                    let mut list = TopicPartitionList::new();
+                    for p in &parts {
+                        list.add_partition(topic, *p);
+                    }
+                    if let Err(e) = consumer.resume(&list) {
+                        tracing::debug!(error = %e, "resume on assign");
+                    }
+                    for p in &parts {
+                        if self.queues.contains_key(p) {
+                            self.get_or_spawn(*p);
+                        }
+                    }
+                    status.assigned.store(parts.len(), Ordering::Relaxed);
+                    metrics::assigned(parts.len());
+                }
+            }
+        }
+        self.retiring.retain(|_, j| !j.is_finished());
+    }
+
+    /// Hands a pulled message to its lane and arms the next pull. A message
+    /// pulled for a lane that has since been replaced goes to the current
+    /// lane (its stash keeps the order); for a revoked partition it is
+    /// dropped, uncommitted, and redelivered to the next owner.
+    fn hand_over(
+        &mut self,
+        consumer: &GroupConsumer,
+        topic: &str,
+        pulled: Pulled,
+    ) -> KafkaResult<()> {
+        let Pulled {
+            partition: p,
+            lane: id,
+            taken,
+        } = pulled;
+        let Some(lane) = self.by_partition.get_mut(&p) else {
+            return Ok(());
+        };
+        let current = lane.id == id;
+        if current {
+            lane.pulling = false;
+        }
+        let Some((permit, msg)) = taken else {
+            return Ok(());
+        };
+        let result = match msg {
+            Ok(m) if current && lane.stash.is_empty() => {
+                permit.send(m);
+                Ok(())
+            }
+            Ok(m) => {
+                drop(permit);
+                dispatch(consumer, topic, p, lane, m);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if current {
+            self.get_or_spawn(p);
+        }
+        result
+    }
+}
+
+/// A consumer error: logged and counted; `Some` when the service cannot go on.
+fn consumer_error(e: rdkafka::error::KafkaError) -> Option<anyhow::Error> {
+    metrics::kafka_error(&e);
+    match crate::kafka::publisher::classify(&e) {
+        Disposition::Fatal => Some(anyhow::Error::new(e).context("kafka consumer")),
+        _ => {
+            tracing::warn!(error = %e, "kafka consumer error; librdkafka reconnects by itself");
+            None
+        }
+    }
 }
 
 fn partition_list(topic: &str, p: i32) -> TopicPartitionList {

@@ -32,6 +32,9 @@ pub struct Context {
     topic: String,
     offsets: Offsets,
     notes: Mutex<Vec<Assignment>>,
+    /// Woken with every note: with per-partition queues the main queue
+    /// yields no messages, so a note is the only reason to look.
+    noted: tokio::sync::Notify,
 }
 
 impl Context {
@@ -40,6 +43,7 @@ impl Context {
             topic: topic.to_owned(),
             offsets,
             notes: Mutex::new(Vec::new()),
+            noted: tokio::sync::Notify::new(),
         }
     }
 
@@ -48,8 +52,14 @@ impl Context {
         std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Resolves once a note was added since the last time it resolved.
+    pub async fn noted(&self) {
+        self.noted.notified().await
+    }
+
     fn note(&self, a: Assignment) {
         self.notes.lock().unwrap_or_else(|p| p.into_inner()).push(a);
+        self.noted.notify_one();
     }
 
     fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
@@ -142,7 +152,11 @@ pub fn commit_list(topic: &str, commits: &[(i32, i64)]) -> KafkaResult<TopicPart
 /// first, then the settings the guarantees depend on.
 pub fn consumer_config(k: &KafkaSettings) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("queued.max.messages.kbytes", "8192")
+    // The pipeline reads each partition from its own queue, where these
+    // bounds apply per partition: at most ~1.25 MiB prefetched for each
+    // (one 256 KiB fetch past the 1 MiB queue), whatever the lag.
+    c.set("queued.max.messages.kbytes", "1024")
+        .set("max.partition.fetch.bytes", "262144")
         .set("statistics.interval.ms", "5000");
     for (key, value) in &k.consumer {
         c.set(key, value);
