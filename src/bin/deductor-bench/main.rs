@@ -1,0 +1,480 @@
+//! `deductor-bench`: the end-to-end benchmark of deductor against the real
+//! broker and Redis (docs/benchmarks.md; run it with `scripts/bench`).
+//!
+//! In one run, on one machine:
+//! 1. the Redis ceiling: `redis-benchmark` running EVALSHA of deduct.lua;
+//! 2. max throughput, spread and hot workloads: N events preloaded into a
+//!    fresh topic, then `deductor run --until-drained` from the earliest
+//!    offset; events/s, CPU per 1,000 events and peak RSS of the process;
+//! 3. the same binary at in-flight depth 1, as the baseline;
+//! 4. latency: events offered at half the spread maximum while deductor
+//!    runs; produce timestamp of the event to broker append time of its outcome;
+//! 5. the ceiling again (the machine is shared: the mean of both is used).
+
+mod kafka;
+mod proc;
+mod redis;
+mod report;
+mod workload;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+
+use proc::Usage;
+use report::{Latency, Report, Run};
+use workload::{Generator, Workload};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "deductor-bench",
+    about = "End-to-end benchmark of deductor (see docs/benchmarks.md)"
+)]
+pub struct Opts {
+    /// The deductor binary to measure.
+    #[arg(long, default_value = "target/release/deductor")]
+    deductor: PathBuf,
+    /// Kafka bootstrap servers of the benchmark stack.
+    #[arg(long, default_value = "127.0.0.1:9192")]
+    brokers: String,
+    /// Standalone Redis of the benchmark stack (it is FLUSHALLed!).
+    #[arg(long, default_value = "redis://127.0.0.1:6390")]
+    redis_url: String,
+    /// Events per throughput run.
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// Partitions of the order topic.
+    #[arg(long, default_value_t = 12)]
+    partitions: i32,
+    /// Events of the depth-1 baseline run (default: --events).
+    #[arg(long)]
+    baseline_events: Option<u64>,
+    /// Events offered in the latency run (default: --events / 2).
+    #[arg(long)]
+    latency_events: Option<u64>,
+    /// Offered load of the latency run, events/s (default: half the spread maximum).
+    #[arg(long)]
+    latency_rate: Option<f64>,
+    /// Stock of the hot workload's flash-sale promotion.
+    #[arg(long, default_value_t = 2_000)]
+    flash_stock: u64,
+    /// Calls of each redis-benchmark run (default: --events).
+    #[arg(long)]
+    ceiling_requests: Option<u64>,
+    /// Parts to run, comma separated: ceiling,spread,hot,baseline,latency.
+    #[arg(
+        long,
+        default_value = "ceiling,spread,hot,baseline,latency",
+        value_delimiter = ','
+    )]
+    only: Vec<String>,
+    /// Extra settings for every deductor run (SECTION.KEY=VALUE, repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    /// deductor's log filter (its log goes to <out>/<run>.log).
+    #[arg(long, default_value = "warn")]
+    deductor_log_level: String,
+    /// The broker's process id, for its CPU share (optional).
+    #[arg(long)]
+    kafka_pid: Option<i32>,
+    /// Where logs, results.json and results.md go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// How long one deductor run may take before it is killed, seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout_s: u64,
+}
+
+struct Ctx {
+    opts: Opts,
+    redis: redis::Redis,
+    redis_pid: Option<i32>,
+    stamp: String,
+    topics: Vec<String>,
+}
+
+impl Ctx {
+    fn wants(&self, part: &str) -> bool {
+        self.opts.only.iter().any(|p| p == part)
+    }
+
+    /// Fresh input, outcome and dead-letter topics for one run.
+    async fn topics(&mut self, tag: &str) -> anyhow::Result<(String, String, String)> {
+        let input = format!("bench-{tag}");
+        let out = format!("bench-{tag}-out");
+        let dlq = format!("bench-{tag}-dlq");
+        let p = self.opts.partitions;
+        kafka::create_topics(
+            &self.opts.brokers,
+            &[(&input, p, false), (&out, p, true), (&dlq, 1, false)],
+        )
+        .await?;
+        self.topics
+            .extend([input.clone(), out.clone(), dlq.clone()]);
+        Ok((input, out, dlq))
+    }
+
+    fn deductor_args(
+        &self,
+        input: &str,
+        out: &str,
+        dlq: &str,
+        group: &str,
+        extra: &[String],
+        until_drained: bool,
+    ) -> Vec<String> {
+        let mut a: Vec<String> = vec!["--brokers".into(), self.opts.brokers.clone()];
+        a.extend(["--redis-url".into(), self.opts.redis_url.clone()]);
+        a.extend([
+            "--log-format".into(),
+            "json".into(),
+            "--log-level".into(),
+            self.opts.deductor_log_level.clone(),
+        ]);
+        let sets = [
+            format!("kafka.input_topic={input}"),
+            format!("kafka.outcome_topic={out}"),
+            format!("kafka.dlq_topic={dlq}"),
+            format!("kafka.group_id={group}"),
+            "http.listen=".to_owned(),
+        ];
+        for s in sets.iter().chain(&self.opts.sets).chain(extra) {
+            a.extend(["--set".into(), s.clone()]);
+        }
+        a.push("run".into());
+        if until_drained {
+            a.push("--until-drained".into());
+        }
+        a
+    }
+
+    fn log(&self, tag: &str) -> PathBuf {
+        self.opts.out.join(format!("{tag}.log"))
+    }
+}
+
+/// CPU seconds of Redis and Kafka over a run.
+struct Servers {
+    redis0: f64,
+    kafka0: f64,
+}
+
+impl Servers {
+    fn start(ctx: &Ctx) -> Servers {
+        Servers {
+            redis0: proc::cpu_seconds(ctx.redis_pid),
+            kafka0: proc::cpu_seconds(ctx.opts.kafka_pid),
+        }
+    }
+
+    fn end(self, ctx: &Ctx) -> (f64, f64) {
+        (
+            proc::cpu_seconds(ctx.redis_pid) - self.redis0,
+            proc::cpu_seconds(ctx.opts.kafka_pid) - self.kafka0,
+        )
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+/// One maximum-throughput run: preload `n` events, then drain them.
+async fn throughput(
+    ctx: &mut Ctx,
+    label: &str,
+    w: Workload,
+    n: u64,
+    extra: &[String],
+) -> anyhow::Result<Run> {
+    let tag = format!("{}-{label}", ctx.stamp);
+    eprintln!("bench: {label}: preloading {n} {} events", w.name());
+    let (input, out, dlq) = ctx.topics(&tag).await?;
+    ctx.redis
+        .reset(&workload::promotions(w, ctx.opts.flash_stock))
+        .await?;
+    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), input.clone(), tag.clone());
+    let t = Instant::now();
+    let refunds = blocking(move || {
+        let mut g = Generator::new(w, &prefix, 42);
+        kafka::preload(&brokers, &topic, &mut g, n)
+    })
+    .await?;
+    let preload_s = t.elapsed().as_secs_f64();
+
+    eprintln!("bench: {label}: deductor run --until-drained");
+    ctx.redis.reset_stats().await?;
+    let servers = Servers::start(ctx);
+    let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, true);
+    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag))?;
+    let timeout = Duration::from_secs(ctx.opts.timeout_s);
+    let usage = blocking(move || child.wait(timeout)).await?;
+    let (redis_cpu, kafka_cpu) = servers.end(ctx);
+    if usage.exit_code != 0 {
+        bail!(
+            "deductor exited {} in run {label}; see {}",
+            usage.exit_code,
+            ctx.log(&tag).display()
+        );
+    }
+    let (calls, usec) = ctx.redis.script_stats().await?;
+    let (brokers, topic, parts) = (ctx.opts.brokers.clone(), out.clone(), ctx.opts.partitions);
+    let outcomes = blocking(move || kafka::read_all(&brokers, &topic, parts)).await?;
+    let run = summarize(
+        label, w, n, refunds, preload_s, usage, &outcomes, calls, usec, redis_cpu, kafka_cpu, extra,
+    )?;
+    eprintln!(
+        "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
+        run.events_per_s, run.cpu_per_1k, run.max_rss_mib
+    );
+    Ok(run)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summarize(
+    label: &str,
+    w: Workload,
+    n: u64,
+    refunds: u64,
+    preload_s: f64,
+    usage: Usage,
+    outcomes: &[kafka::OutcomeRec],
+    calls: u64,
+    usec: u64,
+    redis_cpu: f64,
+    kafka_cpu: f64,
+    extra: &[String],
+) -> anyhow::Result<Run> {
+    let mut first: HashMap<&str, &kafka::OutcomeRec> = HashMap::with_capacity(outcomes.len());
+    for o in outcomes {
+        first.entry(o.event_id.as_str()).or_insert(o);
+    }
+    if (first.len() as u64) < n {
+        bail!("run {label}: {} of {n} events have an outcome", first.len());
+    }
+    let lo = outcomes.iter().map(|o| o.ts_ms).min().unwrap_or(0);
+    let hi = outcomes.iter().map(|o| o.ts_ms).max().unwrap_or(0);
+    let span_s = ((hi - lo) as f64 / 1000.0).max(0.001);
+    let mut tally: BTreeMap<String, u64> = BTreeMap::new();
+    for o in first.values() {
+        let k = match &o.reason {
+            Some(r) => format!("{} {r}", o.kind),
+            None => o.kind.clone(),
+        };
+        *tally.entry(k).or_default() += 1;
+    }
+    Ok(Run {
+        label: label.to_owned(),
+        workload: w.name().to_owned(),
+        settings: extra.to_vec(),
+        events: n,
+        refunds,
+        preload_s,
+        outcomes: outcomes.len() as u64,
+        duplicates: outcomes.iter().filter(|o| o.duplicate).count() as u64,
+        span_s,
+        events_per_s: n as f64 / span_s,
+        wall_s: usage.wall_s,
+        events_per_s_wall: n as f64 / usage.wall_s,
+        cpu_s: usage.cpu_s(),
+        cpu_per_1k: usage.cpu_s() / n as f64 * 1000.0,
+        max_rss_mib: usage.max_rss_kib as f64 / 1024.0,
+        script_calls: calls,
+        script_calls_per_event: calls as f64 / n as f64,
+        redis_usec_per_event: usec as f64 / n as f64,
+        redis_busy: usec as f64 / 1e6 / span_s,
+        redis_cpu_share: redis_cpu / usage.wall_s,
+        kafka_cpu_share: kafka_cpu / usage.wall_s,
+        tally,
+    })
+}
+
+/// Offers `n` spread events at `rate` per second to a running deductor.
+async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
+    let tag = format!("{}-latency", ctx.stamp);
+    let (input, out, dlq) = ctx.topics(&tag).await?;
+    ctx.redis
+        .reset(&workload::promotions(
+            Workload::Spread,
+            ctx.opts.flash_stock,
+        ))
+        .await?;
+    let args = ctx.deductor_args(&input, &out, &dlq, &tag, &[], false);
+    let servers = Servers::start(ctx);
+    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag))?;
+
+    // Warm-up: the group is joined and the scripts are cached before the
+    // measured events start.
+    eprintln!("bench: latency: warming up");
+    let (brokers, parts) = (ctx.opts.brokers.clone(), ctx.opts.partitions);
+    let warm = format!("{tag}w");
+    {
+        let (b, i, o, w) = (brokers.clone(), input.clone(), out.clone(), warm.clone());
+        blocking(move || {
+            let mut g = Generator::new(Workload::Spread, &w, 7);
+            kafka::preload(&b, &i, &mut g, 500)?;
+            let got = kafka::read_live(&b, &o, parts, &w, 500, Duration::from_secs(120))?;
+            if got.len() < 500 {
+                bail!("warm-up: {} of 500 outcomes within 120 s", got.len());
+            }
+            Ok(())
+        })
+        .await?;
+    }
+
+    eprintln!("bench: latency: offering {n} events at {rate:.0}/s");
+    let measured = format!("{tag}m");
+    let timeout = Duration::from_secs_f64(n as f64 / rate + 120.0);
+    let reader = {
+        let (b, o, m) = (brokers.clone(), out.clone(), measured.clone());
+        tokio::task::spawn_blocking(move || {
+            kafka::read_live(&b, &o, parts, &m, n as usize, timeout)
+        })
+    };
+    let stamps = {
+        let (b, i, m) = (brokers.clone(), input.clone(), measured.clone());
+        blocking(move || {
+            let mut g = Generator::new(Workload::Spread, &m, 11);
+            kafka::paced(&b, &i, &mut g, n, rate)
+        })
+        .await?
+    };
+    let outcomes = reader.await??;
+    child.terminate();
+    let usage = blocking(move || child.wait(Duration::from_secs(60))).await?;
+    let (redis_cpu, kafka_cpu) = servers.end(ctx);
+
+    let prefix = format!("{measured}-e");
+    let mut best: HashMap<usize, i64> = HashMap::with_capacity(outcomes.len());
+    for o in &outcomes {
+        if let Some(i) = o
+            .event_id
+            .strip_prefix(&prefix)
+            .and_then(|s| s.parse::<usize>().ok())
+        {
+            let e = best.entry(i).or_insert(o.ts_ms);
+            *e = (*e).min(o.ts_ms);
+        }
+    }
+    if (best.len() as u64) < n {
+        bail!("latency run: {} of {n} events have an outcome", best.len());
+    }
+    let mut lat: Vec<i64> = best.iter().map(|(i, ts)| ts - stamps[*i]).collect();
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    let offered_s = (stamps.last().copied().unwrap_or(0) - stamps.first().copied().unwrap_or(0))
+        as f64
+        / 1000.0;
+    let l = Latency {
+        target_rate: rate,
+        offered_rate: n as f64 / offered_s.max(0.001),
+        events: n,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        p999_ms: pct(0.999),
+        max_ms: *lat.last().unwrap_or(&0),
+        cpu_per_1k: usage.cpu_s() / (n + 500) as f64 * 1000.0,
+        max_rss_mib: usage.max_rss_kib as f64 / 1024.0,
+        exit_code: usage.exit_code,
+        redis_cpu_share: redis_cpu / usage.wall_s,
+        kafka_cpu_share: kafka_cpu / usage.wall_s,
+    };
+    eprintln!(
+        "bench: latency at {:.0}/s: p50 {} ms, p99 {} ms, p99.9 {} ms",
+        l.offered_rate, l.p50_ms, l.p99_ms, l.p999_ms
+    );
+    Ok(l)
+}
+
+async fn ceiling(ctx: &Ctx) -> anyhow::Result<redis::Ceiling> {
+    let n = ctx.opts.ceiling_requests.unwrap_or(ctx.opts.events);
+    eprintln!("bench: redis ceiling: redis-benchmark EVALSHA deduct.lua, {n} calls");
+    let c = ctx
+        .redis
+        .ceiling(deductor::ledger::scripts::DEDUCT.body, n, 50, 16)
+        .await?;
+    eprintln!(
+        "bench: redis ceiling: {:.0} calls/s ({:.1} us per call inside Redis)",
+        c.calls_per_s, c.usec_per_call
+    );
+    Ok(c)
+}
+
+async fn bench(opts: Opts) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    if !opts.deductor.is_file() {
+        bail!(
+            "no deductor binary at {} (cargo build --release --bin deductor)",
+            opts.deductor.display()
+        );
+    }
+    let redis = redis::Redis::connect(&opts.redis_url).await?;
+    let redis_pid = redis.pid().await;
+    let stamp = format!("b{}", kafka::unix_ms() / 1000 % 1_000_000);
+    let mut report = Report::start(&opts.deductor, opts.events, opts.partitions);
+    let mut ctx = Ctx {
+        opts,
+        redis,
+        redis_pid,
+        stamp,
+        topics: Vec::new(),
+    };
+    let result = run_parts(&mut ctx, &mut report).await;
+    kafka::delete_topics(&ctx.opts.brokers, &ctx.topics).await;
+    ctx.redis.quit().await;
+    result?;
+    report.finish();
+    Ok(report)
+}
+
+async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
+    if ctx.wants("ceiling") {
+        report.ceilings.push(ceiling(ctx).await?);
+    }
+    let n = ctx.opts.events;
+    if ctx.wants("spread") {
+        report.spread = Some(throughput(ctx, "spread", Workload::Spread, n, &[]).await?);
+    }
+    if ctx.wants("hot") {
+        report.hot = Some(throughput(ctx, "hot", Workload::Hot, n, &[]).await?);
+    }
+    if ctx.wants("baseline") {
+        let nb = ctx.opts.baseline_events.unwrap_or(n);
+        let depth1 = ["pipeline.max_in_flight_per_partition=1".to_owned()];
+        report.baseline = Some(throughput(ctx, "depth1", Workload::Spread, nb, &depth1).await?);
+    }
+    if ctx.wants("latency") {
+        let rate = match (ctx.opts.latency_rate, &report.spread) {
+            (Some(r), _) => r,
+            (None, Some(s)) => s.events_per_s / 2.0,
+            (None, None) => bail!("the latency run needs --latency-rate or the spread run"),
+        };
+        let nl = ctx.opts.latency_events.unwrap_or(n / 2);
+        report.latency = Some(latency(ctx, rate, nl).await?);
+    }
+    if ctx.wants("ceiling") {
+        report.ceilings.push(ceiling(ctx).await?);
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let opts = Opts::parse();
+    let out = opts.out.clone();
+    let report = bench(opts).await?;
+    let md = report.markdown();
+    std::fs::write(out.join("results.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    println!("{md}");
+    Ok(())
+}

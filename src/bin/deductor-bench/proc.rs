@@ -1,0 +1,148 @@
+//! Child processes and their resource use: deductor runs under `wait4`, so
+//! its CPU time and peak RSS come from the kernel's accounting of the child;
+//! Redis and Kafka are sampled from `/proc/<pid>/stat`.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+/// What a finished child used.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub exit_code: i32,
+    pub wall_s: f64,
+    pub user_s: f64,
+    pub sys_s: f64,
+    /// Peak resident set (VmHWM), KiB.
+    pub max_rss_kib: u64,
+}
+
+impl Usage {
+    pub fn cpu_s(&self) -> f64 {
+        self.user_s + self.sys_s
+    }
+}
+
+/// A running deductor.
+pub struct Child {
+    pid: i32,
+    waiter: std::thread::JoinHandle<anyhow::Result<Usage>>,
+}
+
+/// Starts `bin args...` with every `DEDUCTOR_*` variable of this process
+/// removed (the bench passes its settings as flags), output to `log`.
+pub fn spawn(bin: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DEDUCTOR_") {
+            cmd.env_remove(k);
+        }
+    }
+    let started = Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let pid = child.id() as i32;
+    // The child is reaped by wait4 below, never by std (which would lose
+    // the rusage); `child` is only dropped.
+    drop(child);
+    let waiter = std::thread::spawn(move || wait4(pid, started));
+    Ok(Child { pid, waiter })
+}
+
+fn wait4(pid: i32, started: Instant) -> anyhow::Result<Usage> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data, fully written by wait4 on success.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    let wall_s = started.elapsed().as_secs_f64();
+    if r != pid {
+        bail!("wait4({pid}): {}", std::io::Error::last_os_error());
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let exit_code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    Ok(Usage {
+        exit_code,
+        wall_s,
+        user_s: secs(ru.ru_utime),
+        sys_s: secs(ru.ru_stime),
+        max_rss_kib: ru.ru_maxrss as u64,
+    })
+}
+
+impl Child {
+    pub fn finished(&self) -> bool {
+        self.waiter.is_finished()
+    }
+
+    /// SIGTERM: the service drains, commits and exits 0 (G4).
+    pub fn terminate(&self) {
+        if !self.finished() {
+            // SAFETY: plain syscall on our own, not yet reaped child.
+            unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        }
+    }
+
+    fn kill(&self) {
+        if !self.finished() {
+            // SAFETY: as above.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+
+    /// Waits for the exit; after `timeout` the child is killed and this fails.
+    pub fn wait(self, timeout: Duration) -> anyhow::Result<Usage> {
+        let deadline = Instant::now() + timeout;
+        while !self.finished() {
+            if Instant::now() > deadline {
+                self.kill();
+                let _ = self.waiter.join();
+                bail!(
+                    "deductor (pid {}) did not finish within {timeout:?}; killed",
+                    self.pid
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.waiter
+            .join()
+            .map_err(|_| anyhow::anyhow!("wait4 thread panicked"))?
+    }
+}
+
+/// CPU seconds (user + system) a process has used so far; 0 if unreadable.
+pub fn cpu_seconds(pid: Option<i32>) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): state is the
+    // 3rd field, utime and stime the 14th and 15th.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// The 1-minute load average.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

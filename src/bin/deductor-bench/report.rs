@@ -1,0 +1,338 @@
+//! The figures of one benchmark run, as JSON and as the markdown table of
+//! docs/benchmarks.md: every figure beside its ceiling or baseline and the
+//! target of issue 6.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::proc;
+use crate::redis::Ceiling;
+
+/// Targets of issue 6.
+const SPREAD_TARGET: f64 = 0.60;
+const HOT_TARGET: f64 = 0.50;
+const BASELINE_TARGET: f64 = 10.0;
+const P99_TARGET_MS: i64 = 20;
+const RSS_TARGET_MIB: f64 = 64.0;
+
+#[derive(Debug, Serialize)]
+pub struct Run {
+    pub label: String,
+    pub workload: String,
+    pub settings: Vec<String>,
+    pub events: u64,
+    pub refunds: u64,
+    pub preload_s: f64,
+    /// Outcome records read (repeats included).
+    pub outcomes: u64,
+    pub duplicates: u64,
+    /// First to last outcome (broker append times).
+    pub span_s: f64,
+    pub events_per_s: f64,
+    /// Process start to exit (startup, group join, drain detection included).
+    pub wall_s: f64,
+    pub events_per_s_wall: f64,
+    pub cpu_s: f64,
+    pub cpu_per_1k: f64,
+    pub max_rss_mib: f64,
+    pub script_calls: u64,
+    pub script_calls_per_event: f64,
+    /// Time inside Redis scripts per event (INFO commandstats), µs.
+    pub redis_usec_per_event: f64,
+    /// Share of the span Redis spent inside scripts.
+    pub redis_busy: f64,
+    /// CPU of the Redis and Kafka processes over the run, in cores.
+    pub redis_cpu_share: f64,
+    pub kafka_cpu_share: f64,
+    pub tally: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub target_rate: f64,
+    pub offered_rate: f64,
+    pub events: u64,
+    pub p50_ms: i64,
+    pub p99_ms: i64,
+    pub p999_ms: i64,
+    pub max_ms: i64,
+    pub cpu_per_1k: f64,
+    pub max_rss_mib: f64,
+    pub exit_code: i32,
+    pub redis_cpu_share: f64,
+    pub kafka_cpu_share: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub load_before: String,
+    pub load_after: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub date: String,
+    pub commit: String,
+    pub deductor: String,
+    pub events: u64,
+    pub partitions: i32,
+    pub machine: Machine,
+    #[serde(serialize_with = "ceilings")]
+    pub ceilings: Vec<Ceiling>,
+    pub spread: Option<Run>,
+    pub hot: Option<Run>,
+    pub baseline: Option<Run>,
+    pub latency: Option<Latency>,
+}
+
+fn ceilings<S: serde::Serializer>(c: &[Ceiling], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(c.len()))?;
+    for x in c {
+        seq.serialize_element(&serde_json::json!({
+            "calls_per_s": x.calls_per_s,
+            "usec_per_call": x.usec_per_call,
+            "command": x.command_line,
+        }))?;
+    }
+    seq.end()
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn git(args: &[&str]) -> String {
+    std::process::Command::new("git")
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+impl Report {
+    pub fn start(deductor: &Path, events: u64, partitions: i32) -> Report {
+        let cpuinfo = read("/proc/cpuinfo");
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+            .unwrap_or_default();
+        let mem_kib: f64 = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        let mut commit = git(&["rev-parse", "--short", "HEAD"]);
+        if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+            commit.push_str(" + uncommitted changes");
+        }
+        Report {
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            commit,
+            deductor: deductor.display().to_string(),
+            events,
+            partitions,
+            machine: Machine {
+                cpu,
+                cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+                memory_gib: mem_kib / 1024.0 / 1024.0,
+                kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+                load_before: proc::load_average(),
+                load_after: String::new(),
+            },
+            ceilings: Vec::new(),
+            spread: None,
+            hot: None,
+            baseline: None,
+            latency: None,
+        }
+    }
+
+    pub fn finish(&mut self) {
+        self.machine.load_after = proc::load_average();
+    }
+
+    /// The ceiling: the mean of the runs before and after.
+    pub fn ceiling(&self) -> Option<f64> {
+        if self.ceilings.is_empty() {
+            return None;
+        }
+        Some(self.ceilings.iter().map(|c| c.calls_per_s).sum::<f64>() / self.ceilings.len() as f64)
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            s,
+            "Run of {} on {}, {} cores, {:.0} GiB, Linux {} (broker, Redis, deductor and the load generator on the same machine). \
+             deductor at commit {}. Load average (1/5/15 min) before: {}; after: {}.\n",
+            self.date, m.cpu, m.cores, m.memory_gib, m.kernel, self.commit, m.load_before, m.load_after
+        );
+        let _ = writeln!(
+            s,
+            "| figure | measured | ceiling / baseline | ratio | target | met |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        let ceiling = self.ceiling();
+        if let Some(c) = ceiling {
+            let each: Vec<String> = self
+                .ceilings
+                .iter()
+                .map(|c| format!("{:.0}", c.calls_per_s))
+                .collect();
+            let usec: Vec<String> = self
+                .ceilings
+                .iter()
+                .map(|c| format!("{:.1}", c.usec_per_call))
+                .collect();
+            let _ = writeln!(
+                s,
+                "| Redis ceiling: EVALSHA deduct.lua, redis-benchmark -c 50 -P 16 | {c:.0} calls/s (runs: {}; {} µs per call inside Redis) | | | | |",
+                each.join(", "),
+                usec.join(", ")
+            );
+        }
+        let ratio = |x: f64, base: Option<f64>| base.map(|b| x / b);
+        let fmt_ratio = |r: Option<f64>, pct: bool| match r {
+            Some(r) if pct => format!("{:.0}%", r * 100.0),
+            Some(r) => format!("{r:.1}x"),
+            None => "n/a".into(),
+        };
+        let met = |ok: Option<bool>| match ok {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "n/a",
+        };
+        for (run, target) in [(&self.spread, SPREAD_TARGET), (&self.hot, HOT_TARGET)] {
+            let Some(r) = run else { continue };
+            let q = ratio(r.events_per_s, ceiling);
+            let _ = writeln!(
+                s,
+                "| {} throughput, {} events (first to last outcome) | {:.0} events/s | {} calls/s | {} | >= {:.0}% | {} |",
+                r.workload,
+                r.events,
+                r.events_per_s,
+                ceiling.map_or("n/a".into(), |c| format!("{c:.0}")),
+                fmt_ratio(q, true),
+                target * 100.0,
+                met(q.map(|q| q >= target)),
+            );
+        }
+        if let Some(b) = &self.baseline {
+            let _ = writeln!(
+                s,
+                "| depth-1 baseline (spread, max_in_flight_per_partition=1), {} events | {:.0} events/s | {} | {} | | |",
+                b.events,
+                b.events_per_s,
+                ceiling.map_or("n/a".into(), |c| format!("{c:.0} calls/s")),
+                fmt_ratio(ratio(b.events_per_s, ceiling), true),
+            );
+            if let Some(r) = &self.spread {
+                let q = r.events_per_s / b.events_per_s;
+                let _ = writeln!(
+                    s,
+                    "| spread throughput over the depth-1 baseline | {:.0} events/s | {:.0} events/s | {} | >= {BASELINE_TARGET:.0}x | {} |",
+                    r.events_per_s,
+                    b.events_per_s,
+                    fmt_ratio(Some(q), false),
+                    met(Some(q >= BASELINE_TARGET)),
+                );
+            }
+        }
+        if let Some(l) = &self.latency {
+            let max = self.spread.as_ref().map(|r| r.events_per_s);
+            let _ = writeln!(
+                s,
+                "| event-to-outcome latency p50 / p99 / p99.9 (max) at {:.0} events/s offered, {} events | {} / {} / {} ({}) ms | {} | {} | p99 <= {P99_TARGET_MS} ms | {} |",
+                l.offered_rate,
+                l.events,
+                l.p50_ms,
+                l.p99_ms,
+                l.p999_ms,
+                l.max_ms,
+                max.map_or("n/a".into(), |m| format!("max {m:.0} events/s")),
+                fmt_ratio(ratio(l.offered_rate, max), true),
+                met(Some(l.p99_ms <= P99_TARGET_MS)),
+            );
+        }
+        let runs: Vec<&Run> = [&self.spread, &self.hot, &self.baseline]
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut rss: Vec<(String, f64)> = runs
+            .iter()
+            .map(|r| (r.label.clone(), r.max_rss_mib))
+            .collect();
+        if let Some(l) = &self.latency {
+            rss.push(("latency".into(), l.max_rss_mib));
+        }
+        if !rss.is_empty() {
+            let peak = rss.iter().map(|(_, m)| *m).fold(0.0, f64::max);
+            let each: Vec<String> = rss.iter().map(|(l, m)| format!("{l} {m:.1}")).collect();
+            let _ = writeln!(
+                s,
+                "| peak RSS (VmHWM) of deductor, whole backlog at start | {peak:.1} MiB ({}) | | | <= {RSS_TARGET_MIB:.0} MiB | {} |",
+                each.join(", "),
+                met(Some(peak <= RSS_TARGET_MIB)),
+            );
+        }
+        let mut cpu: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{} {:.3}", r.label, r.cpu_per_1k))
+            .collect();
+        if let Some(l) = &self.latency {
+            cpu.push(format!("latency {:.3}", l.cpu_per_1k));
+        }
+        if !cpu.is_empty() {
+            let _ = writeln!(
+                s,
+                "| deductor CPU seconds per 1,000 events | {} | | | | |",
+                cpu.join(", ")
+            );
+        }
+        for r in &runs {
+            let _ = writeln!(
+                s,
+                "| {}: wall clock incl. start, group join and drain detection | {:.1} s, {:.0} events/s | | | | |",
+                r.label, r.wall_s, r.events_per_s_wall
+            );
+        }
+        for r in &runs {
+            let _ = writeln!(
+                s,
+                "| {}: Redis script calls per event; µs inside Redis per event; Redis busy in scripts; CPU of Redis / Kafka (cores) | {:.2}; {:.1} µs; {:.0}%; {:.2} / {:.2} | | | | |",
+                r.label,
+                r.script_calls_per_event,
+                r.redis_usec_per_event,
+                r.redis_busy * 100.0,
+                r.redis_cpu_share,
+                r.kafka_cpu_share
+            );
+        }
+        s.push('\n');
+        for r in &runs {
+            let tally: Vec<String> = r.tally.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            let _ = writeln!(
+                s,
+                "- {} outcomes ({} events, {} refunds, {} repeated outcomes): {}",
+                r.label,
+                r.events,
+                r.refunds,
+                r.outcomes - r.tally.values().sum::<u64>(),
+                tally.join(", ")
+            );
+        }
+        s
+    }
+}
