@@ -5,9 +5,10 @@
 //! message to its partition's lane; every partition has its own librdkafka
 //! queue, pulled only when its lane has room. A lane starts events in
 //! offset order, keeps up to `max_in_flight_per_partition` of them in
-//! flight (pipelined to Redis), but never two of one order, and marks each offset done only after Redis
-//! replied and the broker acknowledged the outcome or dead letter. Only
-//! watermarks are committed: on a timer, on revoke and at shutdown.
+//! flight (pipelined to Redis), but never two of one order, and marks each
+//! offset done only after Redis replied and the broker acknowledged the
+//! outcome or dead letter. Only watermarks are committed: on a timer, on
+//! revoke and at shutdown.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -799,7 +800,10 @@ fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHan
 
 /// True when partitions are assigned and each is processed to its end
 /// (nothing in flight, watermark or committed offset at the high watermark).
-/// Blocking metadata calls: only used with `exit_when_drained`.
+/// Only used with `exit_when_drained`. The high watermarks librdkafka cached
+/// from its last fetch decide without a round trip; only when a partition
+/// has none yet are the broker and the group coordinator asked, with
+/// blocking calls that hold up this loop (and so every lane's pulls).
 fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) -> bool {
     if offsets.in_flight() > 0 {
         return false;
@@ -810,6 +814,21 @@ fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) -> bool {
     let parts = assignment.elements_for_topic(topic);
     if parts.is_empty() {
         return false;
+    }
+    let mut unknown = false;
+    for e in &parts {
+        let p = e.partition();
+        match cached_watermarks(consumer, topic, p) {
+            Some((low, high)) => {
+                if high != low && offsets.watermark(p).unwrap_or(-1) < high {
+                    return false;
+                }
+            }
+            _ => unknown = true,
+        }
+    }
+    if !unknown {
+        return true;
     }
     let timeout = Duration::from_secs(2);
     let Ok(committed) = consumer.committed_offsets(assignment.clone(), timeout) else {
@@ -827,6 +846,26 @@ fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) -> bool {
         };
         high == low || done.max(committed) >= high
     })
+}
+
+/// The (low, high) watermarks librdkafka last saw for a partition, if any.
+fn cached_watermarks(consumer: &GroupConsumer, topic: &str, p: i32) -> Option<(i64, i64)> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client handle lives as long as `consumer`; librdkafka
+    // only reads the NUL-terminated `topic` and writes the two integers
+    // (rd_kafka_get_watermark_offsets, which rust-rdkafka does not wrap).
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            p,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some((low, high))
 }
 
 /// Commits the watermarks that moved: the one place offsets are committed.
