@@ -648,7 +648,7 @@ async fn run_case(actions: Vec<Action>) -> Result<(), TestCaseError> {
                 Event::Refunded(e) => e.header.event_id.to_string(),
             };
             match history.iter().find(|(e, _)| event_key(e) == event_id) {
-                Some((first_event, first)) => {
+                Some((_, first)) => {
                     REPLAYS.fetch_add(1, Ordering::Relaxed);
                     // One decision per event, also for a second placement
                     // event of one order (absorbed into the first's record).
