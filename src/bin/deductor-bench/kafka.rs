@@ -191,6 +191,8 @@ struct OutcomeJson {
     reason: Option<String>,
     #[serde(default)]
     duplicate: bool,
+    #[serde(default)]
+    processed_at: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -201,6 +203,8 @@ pub struct OutcomeRec {
     pub duplicate: bool,
     /// Broker append time, ms.
     pub ts_ms: i64,
+    /// deductor's clock when it built the outcome (after Redis), ms.
+    pub processed_ms: Option<i64>,
 }
 
 fn reader(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<BaseConsumer> {
@@ -231,6 +235,10 @@ fn decode(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<OutcomeRec> {
         reason: o.reason,
         duplicate: o.duplicate,
         ts_ms,
+        processed_ms: o
+            .processed_at
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+            .map(|t| t.timestamp_millis()),
     })
 }
 

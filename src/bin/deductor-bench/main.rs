@@ -350,23 +350,43 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
 
     let prefix = format!("{measured}-e");
-    let mut best: HashMap<usize, i64> = HashMap::with_capacity(outcomes.len());
+    // Per event: (outcome append time, deductor's processed_at) of its
+    // earliest outcome.
+    let mut best: HashMap<usize, (i64, Option<i64>)> = HashMap::with_capacity(outcomes.len());
     for o in &outcomes {
         if let Some(i) = o
             .event_id
             .strip_prefix(&prefix)
             .and_then(|s| s.parse::<usize>().ok())
         {
-            let e = best.entry(i).or_insert(o.ts_ms);
-            *e = (*e).min(o.ts_ms);
+            let e = best.entry(i).or_insert((o.ts_ms, o.processed_ms));
+            if o.ts_ms < e.0 {
+                *e = (o.ts_ms, o.processed_ms);
+            }
         }
     }
     if (best.len() as u64) < n {
         bail!("latency run: {} of {n} events have an outcome", best.len());
     }
-    let mut lat: Vec<i64> = best.iter().map(|(i, ts)| ts - stamps[*i]).collect();
-    lat.sort_unstable();
-    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    let mut lat: Vec<i64> = best.iter().map(|(i, (ts, _))| ts - stamps[*i]).collect();
+    // Split at processed_at: consume + Redis before it, produce + ack after.
+    let mut before: Vec<i64> = best
+        .iter()
+        .filter_map(|(i, (_, p))| p.map(|p| p - stamps[*i]))
+        .collect();
+    let mut after: Vec<i64> = best
+        .values()
+        .filter_map(|(ts, p)| p.map(|p| ts - p))
+        .collect();
+    for v in [&mut lat, &mut before, &mut after] {
+        v.sort_unstable();
+    }
+    let pct = |v: &[i64], p: f64| {
+        if v.is_empty() {
+            return 0;
+        }
+        v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+    };
     let offered_s = (stamps.last().copied().unwrap_or(0) - stamps.first().copied().unwrap_or(0))
         as f64
         / 1000.0;
@@ -374,9 +394,11 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
         target_rate: rate,
         offered_rate: n as f64 / offered_s.max(0.001),
         events: n,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
-        p999_ms: pct(0.999),
+        p50_ms: pct(&lat, 0.50),
+        p99_ms: pct(&lat, 0.99),
+        p999_ms: pct(&lat, 0.999),
+        to_processed_ms: [pct(&before, 0.50), pct(&before, 0.99)],
+        to_append_ms: [pct(&after, 0.50), pct(&after, 0.99)],
         max_ms: *lat.last().unwrap_or(&0),
         cpu_per_1k: usage.cpu_s() / (n + 500) as f64 * 1000.0,
         max_rss_mib: usage.max_rss_kib as f64 / 1024.0,
