@@ -139,7 +139,8 @@ impl Ctx {
             format!("kafka.outcome_topic={out}"),
             format!("kafka.dlq_topic={dlq}"),
             format!("kafka.group_id={group}"),
-            "http.listen=".to_owned(),
+            // Metrics on, as in production; port 0: any free port.
+            "http.listen=127.0.0.1:0".to_owned(),
         ];
         for s in sets.iter().chain(&self.opts.sets).chain(extra) {
             a.extend(["--set".into(), s.clone()]);
