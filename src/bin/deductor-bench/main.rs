@@ -102,14 +102,24 @@ impl Ctx {
     }
 
     /// Fresh input, outcome and dead-letter topics for one run.
-    async fn topics(&mut self, tag: &str) -> anyhow::Result<(String, String, String)> {
+    /// `input_append_time`: the input topic keeps broker append times (the
+    /// latency run reads them back to split the latency).
+    async fn topics(
+        &mut self,
+        tag: &str,
+        input_append_time: bool,
+    ) -> anyhow::Result<(String, String, String)> {
         let input = format!("bench-{tag}");
         let out = format!("bench-{tag}-out");
         let dlq = format!("bench-{tag}-dlq");
         let p = self.opts.partitions;
         kafka::create_topics(
             &self.opts.brokers,
-            &[(&input, p, false), (&out, p, true), (&dlq, 1, false)],
+            &[
+                (&input, p, input_append_time),
+                (&out, p, true),
+                (&dlq, 1, false),
+            ],
         )
         .await?;
         self.topics
@@ -195,7 +205,7 @@ async fn throughput(
 ) -> anyhow::Result<Run> {
     let tag = format!("{}-{label}", ctx.stamp);
     eprintln!("bench: {label}: preloading {n} {} events", w.name());
-    let (input, out, dlq) = ctx.topics(&tag).await?;
+    let (input, out, dlq) = ctx.topics(&tag, false).await?;
     ctx.redis
         .reset(&workload::promotions(w, ctx.opts.flash_stock))
         .await?;
@@ -298,7 +308,7 @@ fn summarize(
 /// Offers `n` spread events at `rate` per second to a running deductor.
 async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
     let tag = format!("{}-latency", ctx.stamp);
-    let (input, out, dlq) = ctx.topics(&tag).await?;
+    let (input, out, dlq) = ctx.topics(&tag, true).await?;
     ctx.redis
         .reset(&workload::promotions(
             Workload::Spread,
@@ -349,6 +359,14 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
     child.terminate();
     let usage = blocking(move || child.wait(Duration::from_secs(60))).await?;
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
+    let appended: HashMap<String, i64> = {
+        let (b, i) = (brokers.clone(), input.clone());
+        blocking(move || kafka::read_all(&b, &i, parts))
+            .await?
+            .into_iter()
+            .map(|e| (e.event_id, e.ts_ms))
+            .collect()
+    };
 
     let prefix = format!("{measured}-e");
     // Per event: (outcome append time, deductor's processed_at) of its
@@ -371,15 +389,25 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
     }
     let mut lat: Vec<i64> = best.iter().map(|(i, (ts, _))| ts - stamps[*i]).collect();
     // Split at processed_at: consume + Redis before it, produce + ack after.
-    let mut before: Vec<i64> = best
-        .iter()
-        .filter_map(|(i, (_, p))| p.map(|p| p - stamps[*i]))
-        .collect();
+    // Split at the event's broker append time and at deductor's processed_at:
+    // load generator -> broker; broker -> outcome built (fetch, Redis);
+    // outcome built -> appended (produce, ack).
+    let mut intake: Vec<i64> = Vec::with_capacity(best.len());
+    let mut before: Vec<i64> = Vec::with_capacity(best.len());
+    for (i, (_, p)) in &best {
+        let Some(a) = appended.get(&Generator::event_id(&measured, *i as u64)) else {
+            continue;
+        };
+        intake.push(a - stamps[*i]);
+        if let Some(p) = p {
+            before.push(p - a);
+        }
+    }
     let mut after: Vec<i64> = best
         .values()
         .filter_map(|(ts, p)| p.map(|p| ts - p))
         .collect();
-    for v in [&mut lat, &mut before, &mut after] {
+    for v in [&mut lat, &mut intake, &mut before, &mut after] {
         v.sort_unstable();
     }
     let pct = |v: &[i64], p: f64| {
@@ -398,6 +426,7 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
         p50_ms: pct(&lat, 0.50),
         p99_ms: pct(&lat, 0.99),
         p999_ms: pct(&lat, 0.999),
+        to_broker_ms: [pct(&intake, 0.50), pct(&intake, 0.99)],
         to_processed_ms: [pct(&before, 0.50), pct(&before, 0.99)],
         to_append_ms: [pct(&after, 0.50), pct(&after, 0.99)],
         max_ms: *lat.last().unwrap_or(&0),
