@@ -127,6 +127,7 @@ impl Ctx {
         Ok((input, out, dlq))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn deductor_args(
         &self,
         input: &str,
@@ -135,6 +136,7 @@ impl Ctx {
         group: &str,
         extra: &[String],
         until_drained: bool,
+        metrics_port: u16,
     ) -> Vec<String> {
         let mut a: Vec<String> = vec!["--brokers".into(), self.opts.brokers.clone()];
         a.extend(["--redis-url".into(), self.opts.redis_url.clone()]);
@@ -149,8 +151,8 @@ impl Ctx {
             format!("kafka.outcome_topic={out}"),
             format!("kafka.dlq_topic={dlq}"),
             format!("kafka.group_id={group}"),
-            // Metrics on, as in production; port 0: any free port.
-            "http.listen=127.0.0.1:0".to_owned(),
+            // Metrics on and scraped, as in production.
+            format!("http.listen=127.0.0.1:{metrics_port}"),
         ];
         for s in sets.iter().chain(&self.opts.sets).chain(extra) {
             a.extend(["--set".into(), s.clone()]);
@@ -221,8 +223,9 @@ async fn throughput(
     eprintln!("bench: {label}: deductor run --until-drained");
     ctx.redis.reset_stats().await?;
     let servers = Servers::start(ctx);
-    let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, true);
-    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag))?;
+    let port = proc::free_port()?;
+    let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, true, port);
+    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag), Some(port))?;
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
     let usage = blocking(move || child.wait(timeout)).await?;
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
@@ -315,9 +318,10 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
             ctx.opts.flash_stock,
         ))
         .await?;
-    let args = ctx.deductor_args(&input, &out, &dlq, &tag, &[], false);
+    let port = proc::free_port()?;
+    let args = ctx.deductor_args(&input, &out, &dlq, &tag, &[], false, port);
     let servers = Servers::start(ctx);
-    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag))?;
+    let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag), Some(port))?;
 
     // Warm-up: the group is joined and the scripts are cached before the
     // measured events start.

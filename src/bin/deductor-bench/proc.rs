@@ -34,7 +34,15 @@ pub struct Child {
 
 /// Starts `bin args...` with every `DEDUCTOR_*` variable of this process
 /// removed (the bench passes its settings as flags), output to `log`.
-pub fn spawn(bin: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+/// `metrics_port`: deductor's /metrics, scraped every 10 s while it runs,
+/// as Prometheus would (a scrape also drains the histogram samples that the
+/// exporter keeps until then).
+pub fn spawn(
+    bin: &Path,
+    args: &[String],
+    log: &Path,
+    metrics_port: Option<u16>,
+) -> anyhow::Result<Child> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(bin);
     cmd.args(args)
@@ -54,7 +62,7 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
     // The child is reaped by wait4 below, never by std (which would lose
     // the rusage); `child` is only dropped.
     drop(child);
-    let waiter = std::thread::spawn(move || wait4(pid, started));
+    let waiter = std::thread::spawn(move || wait4(pid, started, metrics_port));
     Ok(Child { pid, waiter })
 }
 
@@ -70,9 +78,10 @@ fn vm_hwm_kib(pid: i32) -> Option<u64> {
 /// Reaps the child, reading its VmHWM every 20 ms until then. (The rusage
 /// ru_maxrss cannot be used: Linux carries the parent's peak RSS at fork
 /// into the child's, so it reported the bench's own memory.)
-fn wait4(pid: i32, started: Instant) -> anyhow::Result<Usage> {
+fn wait4(pid: i32, started: Instant, metrics_port: Option<u16>) -> anyhow::Result<Usage> {
     let mut status = 0;
     let mut hwm = 0;
+    let mut scraped = Instant::now();
     // SAFETY: rusage is plain old data, fully written by wait4 on success.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
@@ -86,6 +95,12 @@ fn wait4(pid: i32, started: Instant) -> anyhow::Result<Usage> {
         }
         if r != 0 {
             bail!("wait4({pid}): {}", std::io::Error::last_os_error());
+        }
+        if let Some(port) = metrics_port {
+            if scraped.elapsed() >= Duration::from_secs(10) {
+                scraped = Instant::now();
+                scrape(port);
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -103,6 +118,29 @@ fn wait4(pid: i32, started: Instant) -> anyhow::Result<Usage> {
         sys_s: secs(ru.ru_stime),
         max_rss_kib: hwm,
     })
+}
+
+/// GET /metrics, body discarded; failures are ignored (the service may
+/// not be listening yet).
+fn scrape(port: u16) {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return;
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    if c.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_ok()
+    {
+        let _ = c.read_to_end(&mut Vec::new());
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 impl Child {
