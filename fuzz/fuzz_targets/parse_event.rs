@@ -19,7 +19,14 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-const TOP: [&str; 6] = ["type", "event_id", "order_id", "customer_id", "occurred_at", "lines"];
+const TOP: [&str; 6] = [
+    "type",
+    "event_id",
+    "order_id",
+    "customer_id",
+    "occurred_at",
+    "lines",
+];
 const LINE: [&str; 3] = ["promotion_id", "budget", "stock"];
 
 /// A JSON object's entries in document order, duplicates kept.
@@ -85,7 +92,9 @@ fn get<'a>(fields: &[(&str, &'a RawValue)], name: &str) -> Option<&'a RawValue> 
 }
 
 fn id_ok(s: &str) -> bool {
-    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 fn string(raw: &RawValue) -> String {
@@ -124,7 +133,11 @@ fn check(data: &[u8], event: &Event) {
         ("OrderPlaced", Event::Placed(_)) | ("OrderRefunded", Event::Refunded(_)) => {}
         _ => panic!("accepted type {kind:?} as {event:?}"),
     }
-    for (name, id) in [("event_id", &h.event_id), ("order_id", &h.order_id), ("customer_id", &h.customer_id)] {
+    for (name, id) in [
+        ("event_id", &h.event_id),
+        ("order_id", &h.order_id),
+        ("customer_id", &h.customer_id),
+    ] {
         let s = string(get(&fields, name).expect("id present"));
         assert!(id_ok(&s), "accepted {name} {s:?}");
         assert_eq!(s, id.as_str());
@@ -135,7 +148,10 @@ fn check(data: &[u8], event: &Event) {
 
     let lines_raw = get(&fields, "lines").expect("lines");
     let Ok(lines) = serde_json::from_str::<Lines>(lines_raw.get()) else {
-        panic!("accepted lines that are not an array of objects: {}", lines_raw.get());
+        panic!(
+            "accepted lines that are not an array of objects: {}",
+            lines_raw.get()
+        );
     };
     let n = lines.0.len();
     assert!((1..=32).contains(&n), "accepted {n} lines");
@@ -151,7 +167,10 @@ fn check(data: &[u8], event: &Event) {
             Event::Placed(e) => {
                 let l = &e.lines[i];
                 assert_eq!(l.promotion_id.as_str(), p);
-                assert_eq!((l.budget, l.stock), (budget.unwrap_or(0), stock.unwrap_or(0)));
+                assert_eq!(
+                    (l.budget, l.stock),
+                    (budget.unwrap_or(0), stock.unwrap_or(0))
+                );
             }
             Event::Refunded(e) => {
                 let l = &e.lines[i];
@@ -176,7 +195,14 @@ fuzz_target!(|data: &[u8]| {
                 assert!(data.len() > 64 * 1024);
             }
             // What is salvaged for the invalid_event outcome is valid ids only.
-            for id in [&e.salvage.order_id, &e.salvage.event_id, &e.salvage.customer_id].into_iter().flatten() {
+            for id in [
+                &e.salvage.order_id,
+                &e.salvage.event_id,
+                &e.salvage.customer_id,
+            ]
+            .into_iter()
+            .flatten()
+            {
                 assert!(id_ok(id.as_str()));
             }
         }

@@ -21,6 +21,8 @@ enum State {
     Leaving,
     /// No process, on purpose.
     Off,
+    /// Exited unasked; restarted at this moment.
+    Crashed(Instant),
 }
 
 struct Slot {
@@ -38,8 +40,12 @@ pub struct FleetStats {
     pub terminated: u32,
     /// Exit codes of SIGTERMed processes other than 0 (must be none).
     pub bad_term_exits: Vec<String>,
-    /// Processes that exited without being told to (must be none).
+    /// Processes that exited without being told to while running (must be none).
     pub unexpected_exits: Vec<String>,
+    /// Processes that refused to start because Redis was unreachable (exit 1
+    /// with "connecting to Redis"): the service fails fast at startup; they
+    /// are restarted a second later.
+    pub refused_starts: Vec<String>,
 }
 
 pub struct Fleet {
@@ -169,6 +175,12 @@ impl Fleet {
     /// is unexpected and the slot is restarted.
     pub fn poll(&mut self) -> anyhow::Result<()> {
         for i in 0..self.slots.len() {
+            if let State::Crashed(due) = self.slots[i].state {
+                if Instant::now() >= due {
+                    self.spawn(i)?;
+                }
+                continue;
+            }
             let status: Option<ExitStatus> = match self.slots[i].child.as_mut() {
                 Some(c) => c.try_wait().ok().flatten(),
                 None => None,
@@ -186,13 +198,17 @@ impl Fleet {
                     self.slots[i].state = State::Off;
                 }
                 _ => {
-                    eprintln!(
-                        "chaos: consumer-{i}.{started} exited unexpectedly ({status}); restarting"
-                    );
-                    self.stats
-                        .unexpected_exits
-                        .push(format!("consumer-{i}.{started}: {status}"));
-                    self.spawn(i)?;
+                    let log = self.logs.join(format!("consumer-{i}.{started}.log"));
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let last = text.lines().last().unwrap_or_default();
+                    let what = format!("consumer-{i}.{started}: {status}: {last}");
+                    if last.starts_with("deductor: connecting to Redis") {
+                        self.stats.refused_starts.push(what);
+                    } else {
+                        eprintln!("chaos: {what}; restarting");
+                        self.stats.unexpected_exits.push(what);
+                    }
+                    self.slots[i].state = State::Crashed(Instant::now() + Duration::from_secs(1));
                 }
             }
         }

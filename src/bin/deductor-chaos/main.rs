@@ -528,6 +528,11 @@ async fn drive(
         stats.unexpected_exits.len() as i64,
         true,
     ));
+    figures.rows.push((
+        "consumer starts refused while Redis was down (exit 1)".into(),
+        stats.refused_starts.len() as i64,
+        false,
+    ));
     figures
         .rows
         .push(("drain timed out".into(), i64::from(!drained), true));
