@@ -110,9 +110,9 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut server = None;
     if !settings.http.listen.is_empty() {
         let handle = http::install_recorder()?;
-        let ledger = Ledger::connect(&settings.redis)
-            .await
-            .context("connecting to Redis")?;
+        let Some(ledger) = pipeline::connect_ledger(&settings, &shutdown).await? else {
+            return Ok(());
+        };
         let listen = settings.http.listen.clone();
         let stall = std::time::Duration::from_secs(settings.http.stall_timeout_secs);
         let (status, stop) = (status.clone(), shutdown.child_token());

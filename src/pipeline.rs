@@ -456,14 +456,41 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     run_with_status(settings, shutdown, Arc::new(Status::default())).await
 }
 
+/// Connects to Redis, waiting out an outage at startup the way G3 waits one
+/// out while running (exponential backoff), so a consumer restarted while
+/// Redis is down recovers by itself; auth and configuration errors still
+/// fail at once. `None` when shutdown was requested meanwhile.
+pub async fn connect_ledger(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Ledger>> {
+    let policy = RetryPolicy::from(&settings.retry);
+    let result = retry(
+        &policy,
+        shutdown,
+        |e: &crate::ledger::LedgerError| e.disposition(),
+        |e, delay| {
+            metrics::retry("redis");
+            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "redis unreachable at startup; retrying");
+        },
+        || Ledger::connect(&settings.redis),
+    )
+    .await;
+    match result {
+        Ok(l) => Ok(Some(l)),
+        Err(RetryError::Cancelled(_)) => Ok(None),
+        Err(RetryError::Permanent(e)) => Err(anyhow::Error::new(e).context("connecting to Redis")),
+    }
+}
+
 pub async fn run_with_status(
     settings: Settings,
     shutdown: CancellationToken,
     status: Arc<Status>,
 ) -> anyhow::Result<()> {
-    let ledger = Ledger::connect(&settings.redis)
-        .await
-        .context("connecting to Redis")?;
+    let Some(ledger) = connect_ledger(&settings, &shutdown).await? else {
+        return Ok(());
+    };
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
     let consumer = Arc::new(

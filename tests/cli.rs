@@ -309,3 +309,71 @@ async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
     );
     f.cleanup().await;
 }
+
+/// G3 at startup: `run` started while Redis is unreachable waits it out with
+/// backoff (instead of exiting) and works once Redis arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_redis_at_startup_and_then_works() {
+    let mut f = Fixture::new("late-redis", 1).await;
+    let port = free_port();
+    f.redis_url = format!("redis://127.0.0.1:{port}");
+    let mut child = service::spawn(&f.env(&[]), &["run"]);
+    child
+        .wait_for_log("redis unreachable at startup", Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    child.assert_running();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting redis-server");
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !service::listening(&addr) {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ledger = f.ledger().await;
+    f.promo(
+        &ledger,
+        "late",
+        deductor::admin::PromoSpec {
+            stock: Some(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    let event = serde_json::json!({"type": "OrderPlaced", "event_id": "e-late", "order_id": "o-late",
+        "customer_id": "c-1", "occurred_at": "2026-11-29T10:00:00Z",
+        "lines": [{"promotion_id": "late", "stock": 1}]});
+    kafka::produce_events(&f.topics.input, &[event]).await;
+    let out = kafka::read_n(&f.topics.outcome, 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        out.len(),
+        1,
+        "one outcome once Redis is up: {}",
+        child.log_tail(30)
+    );
+    assert_eq!(out[0].json()["type"], "DeductAccepted");
+
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(status.success(), "exits 0 on SIGTERM: {status}");
+    f.cleanup().await;
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
