@@ -79,6 +79,25 @@ pub struct Env {
     pub broker: Broker,
     pub session_timeout: Duration,
     pub started: Instant,
+    pub production: Arc<crate::kafka::Production>,
+    /// Longest wait for the next burst.
+    pub burst_period: Duration,
+}
+
+/// Waits for the next burst of events and a little more, so that the fault
+/// lands while the consumers have events in flight (no wait once the
+/// production is over).
+async fn busy_moment(env: &Env, rng: &mut Rng) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let seen = env.production.bursts.load(Relaxed);
+    let deadline = Instant::now() + env.burst_period * 2;
+    while env.production.bursts.load(Relaxed) == seen
+        && !env.production.done.load(Relaxed)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    pause(rng, 20, 300).await;
 }
 
 async fn pause(rng: &mut Rng, lo_ms: u64, hi_ms: u64) -> u64 {
@@ -105,6 +124,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// Does one fault; returns what was done.
 pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::Result<Done> {
+    busy_moment(env, rng).await;
     let at = env.started.elapsed();
     let t0 = Instant::now();
     let detail = match kind {

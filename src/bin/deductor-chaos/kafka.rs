@@ -64,6 +64,9 @@ pub struct Production {
     pub acked: AtomicUsize,
     pub failed: AtomicUsize,
     pub done: AtomicBool,
+    /// Bursts started so far (faults wait for the next one, to hit the
+    /// consumers while they have events in flight).
+    pub bursts: AtomicUsize,
 }
 
 /// Produces `records` in order, in bursts of `burst` records spread evenly
@@ -99,6 +102,9 @@ pub async fn produce(
             if wait > Duration::from_millis(2) {
                 tokio::time::sleep(wait).await;
             }
+        }
+        if i % burst == 0 {
+            progress.bursts.fetch_add(1, Ordering::Relaxed);
         }
         let mut rec: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).payload(&r.payload);
         if let Some(k) = &r.key {

@@ -118,6 +118,10 @@ struct RunArgs {
     drain_timeout: u64,
 }
 
+/// Seconds between two bursts of the production; a fault waits for the
+/// next burst.
+const BURST_EVERY_SECS: u64 = 3;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -373,12 +377,13 @@ async fn drive(
     };
 
     let window = Duration::from_secs(a.duration.max(1));
+    let bursts = (a.duration / BURST_EVERY_SECS).max(1) as usize;
     let progress = Arc::new(kafka::Production::default());
     let producer = {
         let (brokers, topic, progress) =
             (a.brokers.clone(), run.input_topic.clone(), progress.clone());
         let records = w.records;
-        let burst = (records.len() / 30).max(1);
+        let burst = (records.len() / bursts).max(1);
         tokio::spawn(async move {
             kafka::produce(&brokers, &topic, &records, window, burst, progress).await
         })
@@ -403,6 +408,8 @@ async fn drive(
         },
         session_timeout: Duration::from_millis(a.session_timeout_ms),
         started,
+        production: progress.clone(),
+        burst_period: window / bursts as u32,
     };
     let t0 = Instant::now();
     let mut done = Vec::new();
