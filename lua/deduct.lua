@@ -5,7 +5,9 @@
 -- KEYS[3] record     promo:{P}:order:{O}       hash: state, event, budget, stock, budget0, stock0
 -- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E, or
 --                                               "accepted" when step 1 absorbed E into another
---                                               event's record (see step 1 below)
+--                                               event's record (see step 1 below), or
+--                                               "released" (see release.lua): then the reply is
+--                                               rejected with reason "released", duplicate
 --
 -- ARGV[1] budget           canonical integer, amount to deduct
 -- ARGV[2] stock            canonical integer, amount to deduct
@@ -138,10 +140,12 @@ local REASONS = {
 
 -- The memo's value when step 1 absorbed the event into another event's record.
 local ABSORBED = 'accepted'
+-- The memo's value when release.lua released this line for a rejected event.
+local RELEASED = 'released'
 
 local function read_memo(key)
   local v = read_string(key)
-  if v ~= nil and v ~= ABSORBED and not REASONS[v] then corrupt(key, 'value', v) end
+  if v ~= nil and v ~= ABSORBED and v ~= RELEASED and not REASONS[v] then corrupt(key, 'value', v) end
   return v
 end
 
@@ -185,6 +189,10 @@ local function main()
 
   -- 0. This event was decided before: repeat the decision. "accepted" is the memo of
   -- an event absorbed by step 1 into another event's record.
+  -- "released": this event was rejected on another line and this line released
+  -- (release.lua); a slower delivery must not deduct it afresh. The caller reads
+  -- the event's stored reason from its other lines.
+  if memo == RELEASED then return reply('rejected', RELEASED, 1, 0, 0) end
   if memo == ABSORBED then
     return reply('accepted', '', 1, rec and rec.budget0 or 0, rec and rec.stock0 or 0)
   end

@@ -5,6 +5,7 @@
 --
 -- KEYS[1] memo  promo:{P}:rejected:{E}  string: a rejection reason, or "accepted"
 --                                       (deduct.lua step 1 absorbed E: not a rejection)
+--                                       or "released" (release.lua: not the reason either)
 -- ARGV    none
 --
 -- Reply: the stored reason, or "" when E was not rejected on this line.
@@ -32,6 +33,6 @@ if type(v) == 'table' and v.err then
   local t = redis.pcall('TYPE', key)
   return redis.error_reply('CORRUPT ' .. key .. ' type: ' .. show(type(t) == 'table' and t.ok or v.err))
 end
-if v == false or v == 'accepted' then return '' end
+if v == false or v == 'accepted' or v == 'released' then return '' end
 if not REASONS[v] then return redis.error_reply('CORRUPT ' .. key .. ' value: ' .. show(v)) end
 return v

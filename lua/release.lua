@@ -4,8 +4,16 @@
 -- KEYS[1] promotion  promo:{P}            hash
 -- KEYS[2] used       promo:{P}:used:{C}   string int
 -- KEYS[3] record     promo:{P}:order:{O}  hash
+-- KEYS[4] memo       promo:{P}:rejected:{E}  string (optional: with it, the line is marked)
 --
--- ARGV[1] event_id   E: only a record that E deducted is released
+-- ARGV[1] event_id         E: only a record that E deducted is released
+-- ARGV[2] refund_ttl_secs  with KEYS[4] only: TTL of the mark
+--
+-- With KEYS[4] (a rejection, not corrupt data): the memo of this line is set to
+-- "released" where it is absent or "accepted" (never over a reason), in the same
+-- atomic step. A slower second delivery of E that reaches this line later then
+-- repeats the event's decision instead of deducting the line afresh (deduct.lua
+-- step 0; the project's change to the contract, see docs/contract.md).
 --
 -- Reply: {released}  1 when the record was `deducted` by E and has been released
 --   (its outstanding budget/stock added back where the promotion and the field exist,
@@ -107,26 +115,45 @@ local function read_record(key)
   return r
 end
 
+local MEMOS = {
+  accepted = true, released = true,
+  budget_exceeded = true, stock_insufficient = true, user_limit_reached = true,
+  promotion_not_found = true, promotion_inactive = true, order_reverted = true,
+}
+
 local function main()
-  if #KEYS ~= 3 then fail('BADARG expected 3 keys, got ' .. #KEYS) end
-  if #ARGV ~= 1 then fail('BADARG expected 1 argument, got ' .. #ARGV) end
+  if #KEYS ~= 3 and #KEYS ~= 4 then fail('BADARG expected 3 or 4 keys, got ' .. #KEYS) end
+  local marking = #KEYS == 4
+  local nargs = marking and 2 or 1
+  if #ARGV ~= nargs then fail('BADARG expected ' .. nargs .. ' arguments, got ' .. #ARGV) end
   local event = ARGV[1]
   if #event < 1 or #event > 64 or string.find(event, '^[A-Za-z0-9_.-]+$') == nil then
     fail('BADARG event_id: ' .. show(event))
   end
+  if marking and (not canonical(ARGV[2]) or ARGV[2] == '0') then fail('BADARG refund_ttl_secs: ' .. show(ARGV[2])) end
   local k_promo, k_used, k_record = KEYS[1], KEYS[2], KEYS[3]
 
   local promo = read_promotion(k_promo)
   local used = read_used(k_used)
   local rec = read_record(k_record)
+  local memo = nil
+  if marking then
+    memo = read_string(KEYS[4])
+    if memo ~= nil and not MEMOS[memo] then corrupt(KEYS[4], 'value', memo) end
+  end
 
-  if not rec or rec.state ~= 'deducted' or rec.event ~= event then return { 0 } end
-
-  if promo and promo.budget then redis.call('HINCRBY', k_promo, 'budget', int(rec.budget)) end
-  if promo and promo.stock then redis.call('HINCRBY', k_promo, 'stock', int(rec.stock)) end
-  if used and used > 0 then redis.call('DECR', k_used) end
-  redis.call('DEL', k_record)
-  return { 1 }
+  local released = 0
+  if rec and rec.state == 'deducted' and rec.event == event then
+    if promo and promo.budget then redis.call('HINCRBY', k_promo, 'budget', int(rec.budget)) end
+    if promo and promo.stock then redis.call('HINCRBY', k_promo, 'stock', int(rec.stock)) end
+    if used and used > 0 then redis.call('DECR', k_used) end
+    redis.call('DEL', k_record)
+    released = 1
+  end
+  if marking and (memo == nil or memo == 'accepted') then
+    redis.call('SET', KEYS[4], 'released', 'EX', ARGV[2])
+  end
+  return { released }
 end
 
 local ok, res = pcall(main)

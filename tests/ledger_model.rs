@@ -159,6 +159,9 @@ struct Model {
     /// (promotion, event): placements absorbed by step 1 into another
     /// event's record (memo "accepted").
     absorbed: std::collections::BTreeSet<(usize, String)>,
+    /// (promotion, event): lines released for a rejected event (memo
+    /// "released"; never over a reason, replaces "accepted").
+    released: std::collections::BTreeSet<(usize, String)>,
     /// (promotion, event) -> stored refund result.
     refunds: BTreeMap<(usize, String), String>,
 }
@@ -271,6 +274,11 @@ impl Model {
     }
 
     fn release(&mut self, p: usize, o: usize, c: usize, e: &str) {
+        let key = (p, e.to_owned());
+        if !self.rejected.contains_key(&key) {
+            self.absorbed.remove(&key);
+            self.released.insert(key);
+        }
         let Some(rec) = self.records.get(&(p, o)) else {
             return;
         };
@@ -499,6 +507,12 @@ impl Model {
             d.insert(
                 keys.rejected(&p(*i), &id(e)),
                 ttl(DumpedValue::String(r.to_string())),
+            );
+        }
+        for (i, e) in &self.released {
+            d.insert(
+                keys.rejected(&p(*i), &id(e)),
+                ttl(DumpedValue::String("released".into())),
             );
         }
         for (i, e) in &self.absorbed {

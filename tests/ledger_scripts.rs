@@ -638,10 +638,20 @@ async fn multi_line_is_all_or_nothing() {
     assert_eq!(rejected(&d), (false, Reason::StockInsufficient, "c".into()));
     let used = r.keys().used(&id("a"), &id("cust"));
     let memo = r.keys().rejected(&id("c"), &id("e1"));
-    // Counters restored exactly; what is left is the failing line's memo (and
-    // the used counter, back at 0).
-    assert_eq!(diff(&before, &r.dump().await), vec![used.clone(), memo]);
+    let (mark_a, mark_b) = (
+        r.keys().rejected(&id("a"), &id("e1")),
+        r.keys().rejected(&id("b"), &id("e1")),
+    );
+    // Counters restored exactly; what is left is the failing line's memo,
+    // the released marks of the lines before it (and the used counter, back
+    // at 0).
+    assert_eq!(
+        diff(&before, &r.dump().await),
+        vec![mark_a.clone(), used.clone(), mark_b.clone(), memo]
+    );
     assert_eq!(r.get(&used).await.as_deref(), Some("0"));
+    assert_eq!(r.get(&mark_a).await.as_deref(), Some("released"));
+    assert_eq!(r.get(&mark_b).await.as_deref(), Some("released"));
 
     // All lines fine: accepted, not a duplicate; replay: all duplicates.
     let ok = placed("e2", "o2", "cust", T, &[("a", 10, 1), ("b", 20, 0)]);
@@ -703,7 +713,13 @@ async fn multi_line_replay_finishes_a_release_a_crash_interrupted() {
     let e = placed("e1", "o1", "c", T, &[("a", 10, 0), ("b", 20, 0)]);
     let d = r.ledger.place(&e).await.unwrap();
     assert_eq!(rejected(&d), (true, Reason::BudgetExceeded, "b".into()));
-    assert_eq!(diff(&start, &r.dump().await), vec![k.used.clone(), memo]);
+    // a released and marked; b keeps its reason (a mark never overwrites one).
+    assert_eq!(
+        diff(&start, &r.dump().await),
+        vec![k.memo.clone(), k.used.clone(), memo.clone()]
+    );
+    assert_eq!(r.get(&k.memo).await.as_deref(), Some("released"));
+    assert_eq!(r.get(&memo).await.as_deref(), Some("budget_exceeded"));
     assert_eq!(r.promo_field("a", "budget").await.as_deref(), Some("100"));
 }
 

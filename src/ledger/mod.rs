@@ -204,14 +204,14 @@ impl Ledger {
                     Ok(reply) => scripts::decode_memo(reply)?,
                     Err(err) if err.is_corrupt() => {
                         self.report_corrupt(h, p, &err);
-                        self.release(h, &e.lines).await?;
+                        self.release(h, &e.lines, false).await?;
                         return Ok(rejected(false, Reason::CorruptPromotion, p));
                     }
                     Err(err) => return Err(err),
                 };
                 if let Some(reason) = found {
                     // An earlier delivery may have stopped before releasing.
-                    self.release(h, &e.lines).await?;
+                    self.release(h, &e.lines, true).await?;
                     return Ok(rejected(true, reason, p));
                 }
             }
@@ -224,7 +224,7 @@ impl Ledger {
                 Ok(reply) => reply,
                 Err(err) if err.is_corrupt() => {
                     self.report_corrupt(h, p, &err);
-                    self.release(h, &e.lines[..i]).await?;
+                    self.release(h, &e.lines[..i], false).await?;
                     return Ok(rejected(false, Reason::CorruptPromotion, p));
                 }
                 Err(err) => return Err(err),
@@ -239,8 +239,24 @@ impl Ledger {
                         remaining: reply.remaining,
                     });
                 }
+                Err(_) if reply.released => {
+                    // Another delivery of this event decided it while this
+                    // one was on its way: repeat that decision, whose reason
+                    // is stored on the failing line.
+                    self.release(h, &e.lines[..i], true).await?;
+                    for line in &e.lines {
+                        let q = &line.promotion_id;
+                        let memo = self.keys().rejected(q, &h.event_id);
+                        let reply = self.run(&scripts::MEMO, q, vec![memo], vec![]).await?;
+                        if let Some(reason) = scripts::decode_memo(reply)? {
+                            return Ok(rejected(true, reason, q));
+                        }
+                    }
+                    // The reason expired before the mark: the order stays reverted.
+                    return Ok(rejected(true, Reason::OrderReverted, p));
+                }
                 Err(reason) => {
-                    self.release(h, &e.lines[..i]).await?;
+                    self.release(h, &e.lines[..i], true).await?;
                     return Ok(rejected(reply.duplicate, reason, p));
                 }
             }
@@ -309,17 +325,28 @@ impl Ledger {
     /// Releases what this event deducted on `lines` (no-op where it deducted
     /// nothing). A line with corrupt data is reported and skipped: it keeps
     /// its (consistent) record, and the other lines are still released.
-    async fn release(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
+    ///
+    /// With `mark` (a rejection, whose reason is stored on the failing line),
+    /// each line's memo is marked `released` in the same script, so a slower
+    /// delivery of the event repeats the decision instead of deducting afresh.
+    async fn release(
+        &self,
+        h: &Header,
+        lines: &[PlaceLine],
+        mark: bool,
+    ) -> Result<(), LedgerError> {
         for line in lines {
             let p = &line.promotion_id;
             let k = self
                 .keys()
                 .deduct_line(p, &h.order_id, &h.customer_id, &h.event_id);
-            let keys = vec![k.promotion, k.used, k.record];
-            match self
-                .run(&scripts::RELEASE, p, keys, vec![h.event_id.to_string()])
-                .await
-            {
+            let mut keys = vec![k.promotion, k.used, k.record];
+            let mut args = vec![h.event_id.to_string()];
+            if mark {
+                keys.push(k.memo);
+                args.push(self.shared.refund_ttl.clone());
+            }
+            match self.run(&scripts::RELEASE, p, keys, args).await {
                 Ok(reply) => {
                     if scripts::decode_release(reply)? {
                         tracing::debug!(promotion = %p, order = %h.order_id, "released line");

@@ -79,6 +79,10 @@ pub struct LineReply {
     pub budget: u64,
     pub stock: u64,
     pub remaining: Remaining,
+    /// deduct.lua found the line released for this rejected event: the
+    /// decision is the reason stored on another line (`status` is a
+    /// placeholder then).
+    pub released: bool,
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -112,8 +116,10 @@ pub(crate) fn decode_line(
     }
     let status = text(&items[0]).ok_or_else(|| bad(format!("status {:?}", items[0])))?;
     let reason = text(&items[1]).ok_or_else(|| bad(format!("reason {:?}", items[1])))?;
+    let released = status == "rejected" && reason == "released";
     let status = match (status.as_str(), reason.as_str()) {
         (s, "") if s == ok_status => Ok(()),
+        ("rejected", "released") => Err(Reason::OrderReverted),
         ("rejected", r) => Err(Reason::parse(r).ok_or_else(|| bad(format!("reason {r:?}")))?),
         (s, r) => return Err(bad(format!("status {s:?} with reason {r:?}"))),
     };
@@ -134,6 +140,7 @@ pub(crate) fn decode_line(
     };
     Ok(LineReply {
         status,
+        released,
         duplicate,
         budget: amount(3, "budget")?,
         stock: amount(4, "stock")?,
