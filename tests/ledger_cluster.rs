@@ -145,13 +145,17 @@ async fn multi_promotion_orders_across_nodes() {
     );
     let used = |p: &str| r.keys().used(&id(p), &id("other"));
     let memo = r.keys().rejected(&id(c), &id("e2"));
-    let mut want = vec![used(a), used(b), memo];
+    let mark = |p: &str| r.keys().rejected(&id(p), &id("e2"));
+    let mut want = vec![used(a), used(b), memo, mark(a), mark(b)];
     want.sort();
     assert_eq!(
         diff(&before, &r.dump().await),
         want,
-        "only the counters at 0 and the memo"
+        "only the counters at 0, the memo and the released marks"
     );
+    for p in [a, b] {
+        assert_eq!(r.get(&mark(p)).await.as_deref(), Some("released"));
+    }
     for p in [a, b] {
         assert_eq!(r.get(&used(p)).await.as_deref(), Some("0"));
     }
