@@ -9,7 +9,8 @@
 //!   is not what section 2 allows it is `CORRUPT`, and either way the keys
 //!   are exactly as before (a dump of every key under the test's prefix);
 //! - otherwise the reply is the model's decision (including the project's
-//!   changes to deduct steps 0-2 in docs/contract.md) and the keys afterwards
+//!   changes to deduct steps 0-2 and to the release of a rejected event's
+//!   lines in docs/contract.md) and the keys afterwards
 //!   are exactly the model's (values and whether a TTL is set).
 //!
 //! Any other error (a Lua runtime error) is a crash of the script: a failure.
@@ -309,9 +310,13 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     );
     let (kp, ku, kr, km) = (&keys[0], &keys[1], &keys[2], &keys[3]);
     // A rejection reason, or `accepted` (step 1 absorbed the event).
+    // A rejection reason, `accepted` (step 1 absorbed the event) or
+    // `released` (the line was released for a rejection on another line).
     let memo = match read(d, km, false) {
         Read::Absent => None,
-        Read::Str(v) if REASONS.contains(&v) || v == "accepted" => Some(v.to_owned()),
+        Read::Str(v) if REASONS.contains(&v) || v == "accepted" || v == "released" => {
+            Some(v.to_owned())
+        }
         _ => return Expect::Error("CORRUPT"),
     };
     let (Ok(p), Ok(u), Ok(rec)) = (promo(d, kp), used(d, ku), record(d, kr)) else {
@@ -334,6 +339,9 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
             Reply::I(l.1),
         ]
     };
+    if memo.as_deref() == Some("released") {
+        return Expect::Reply(reply("rejected", "released", 1, 0, 0, left(&p)), w.0);
+    }
     if memo.as_deref() == Some("accepted") {
         let (b0, s0) = rec.as_ref().map_or((0, 0), |r| (r.budget0, r.stock0));
         return Expect::Reply(reply("accepted", "", 1, b0, s0, left(&p)), w.0);
@@ -510,34 +518,52 @@ fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     Expect::Reply(reply("applied", "", 0, b, st, l), w.0)
 }
 
+/// With a fourth key (a rejection, not corrupt data), the line's memo is
+/// marked `released` where it is absent or `accepted`.
 fn release(d: &Dump, keys: &[String], args: &[String]) -> Expect {
-    if keys.len() != 3 || args.len() != 1 {
+    let marking = keys.len() == 4;
+    if !(keys.len() == 3 || marking) || args.len() != if marking { 2 } else { 1 } {
         return Expect::Error("BADARG");
     }
-    if !valid_event(&args[0]) {
+    if !valid_event(&args[0]) || (marking && !(canonical(&args[1]) && args[1] != "0")) {
         return Expect::Error("BADARG");
     }
     let (kp, ku, kr) = (&keys[0], &keys[1], &keys[2]);
     let (Ok(p), Ok(u), Ok(rec)) = (promo(d, kp), used(d, ku), record(d, kr)) else {
         return Expect::Error("CORRUPT");
     };
-    let mut w = Writer(d.clone());
-    let Some(r) = rec.filter(|r| r.deducted && r.event.as_deref() == Some(args[0].as_str())) else {
-        return Expect::Reply(vec![Reply::I(0)], w.0);
+    let memo = if marking {
+        match read(d, &keys[3], false) {
+            Read::Absent => None,
+            Read::Str(v) if REASONS.contains(&v) || v == "accepted" || v == "released" => {
+                Some(v.to_owned())
+            }
+            _ => return Expect::Error("CORRUPT"),
+        }
+    } else {
+        None
     };
-    if let Some(pr) = &p {
-        if pr.budget.is_some() {
-            w.hincrby(kp, "budget", r.budget);
+    let mut w = Writer(d.clone());
+    let mut released = 0;
+    if let Some(r) = rec.filter(|r| r.deducted && r.event.as_deref() == Some(args[0].as_str())) {
+        if let Some(pr) = &p {
+            if pr.budget.is_some() {
+                w.hincrby(kp, "budget", r.budget);
+            }
+            if pr.stock.is_some() {
+                w.hincrby(kp, "stock", r.stock);
+            }
         }
-        if pr.stock.is_some() {
-            w.hincrby(kp, "stock", r.stock);
+        if u.is_some_and(|x| x > 0) {
+            w.incr(ku, -1);
         }
+        w.0.remove(kr);
+        released = 1;
     }
-    if u.is_some_and(|x| x > 0) {
-        w.incr(ku, -1);
+    if marking && memo.as_deref().is_none_or(|m| m == "accepted") {
+        w.set_ex(&keys[3], "released");
     }
-    w.0.remove(kr);
-    Expect::Reply(vec![Reply::I(1)], w.0)
+    Expect::Reply(vec![Reply::I(released)], w.0)
 }
 
 fn memo(d: &Dump, keys: &[String], args: &[String]) -> Expect {
@@ -546,7 +572,7 @@ fn memo(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     }
     match read(d, &keys[0], false) {
         Read::Absent => Expect::Text(String::new()),
-        Read::Str("accepted") => Expect::Text(String::new()),
+        Read::Str("accepted" | "released") => Expect::Text(String::new()),
         Read::Str(v) if REASONS.contains(&v) => Expect::Text(v.to_owned()),
         _ => Expect::Error("CORRUPT"),
     }
@@ -745,12 +771,7 @@ impl Fuzz {
                             "rejected already_reverted",
                         ]
                     } else {
-                        &[
-                            "accepted",
-                            "budget_exceeded",
-                            "order_reverted",
-                            "promotion_inactive",
-                        ]
+                        &["accepted", "released", "budget_exceeded", "order_reverted"]
                     };
                     let v = self.value(plausible);
                     self.r.set(memo, &v).await;
@@ -845,12 +866,18 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
                 ("rollback", k, args)
             }
             7..=8 => {
-                let k = vec![
+                let mut k = vec![
                     line.promotion.clone(),
                     line.used.clone(),
                     line.record.clone(),
                 ];
-                ("release", k, f.args(vec![e.clone()]))
+                // With the memo key, as for a rejection; without, as for corrupt data.
+                let mut valid = vec![e.clone()];
+                if f.rng.random_bool(0.5) {
+                    k.push(line.memo.clone());
+                    valid.push("604800".to_owned());
+                }
+                ("release", k, f.args(valid))
             }
             _ => ("memo", vec![line.memo.clone()], vec![]),
         };
