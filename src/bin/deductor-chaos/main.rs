@@ -50,9 +50,14 @@ enum Command {
     /// Seed, produce, run consumers, inject faults, drain, check.
     Run(Box<RunArgs>),
     /// Check a finished run again (its run dir must still have its broker and Redis).
+    /// Check a finished run again: its Redis is restarted from the run dir
+    /// (on loopback), its broker must be up (scripts/chaos starts it).
     Check {
         #[arg(long)]
         run_dir: PathBuf,
+        /// The repository (for config/dev-stack/redis-common.conf).
+        #[arg(long, default_value = ".")]
+        repo: PathBuf,
     },
 }
 
@@ -138,7 +143,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Run(a) => run(*a).await,
-            Command::Check { run_dir } => recheck(run_dir).await,
+            Command::Check { run_dir, repo } => recheck(run_dir, repo).await,
         }
     });
     match result {
@@ -159,11 +164,19 @@ fn log(started: Instant, msg: impl AsRef<str>) {
     );
 }
 
-async fn recheck(dir: PathBuf) -> anyhow::Result<bool> {
-    let run: RunInfo = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
+async fn recheck(dir: PathBuf, repo: PathBuf) -> anyhow::Result<bool> {
+    let mut run: RunInfo = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
     let promos: Vec<workload::Promo> =
         serde_json::from_slice(&std::fs::read(dir.join("promotions.json"))?)?;
-    let f = check::check(&run, &promos, &dir).await?;
+    let args: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("args.json"))?)?;
+    let port = args["args"]["redis_port"].as_u64().unwrap_or(6490) as u16;
+    // The run's Redis again, from its AOF, on loopback (its namespace is gone).
+    let mut redis = Redis::new(&repo, &dir.join("redis"), port, None)?;
+    redis.start()?;
+    run.redis_url = redis.url();
+    let result = check::check(&run, &promos, &dir).await;
+    redis.kill();
+    let f = result?;
     print!("{}", check::print(&f));
     Ok(f.failed().is_empty())
 }
