@@ -12,27 +12,16 @@
 --
 -- Error replies: "BADARG <what>", "CORRUPT <key> <field>: <value>". Read only.
 
-local REASONS = {
-  budget_exceeded = true, stock_insufficient = true, user_limit_reached = true,
-  promotion_not_found = true, promotion_inactive = true, order_reverted = true,
-}
+-- The helpers (fail, read_string, REASONS, ...) are lua/lib.lua's, prepended
+-- to this script when it is loaded.
 
-local function show(v)
-  v = tostring(v)
-  if #v > 64 then v = string.sub(v, 1, 64) .. '...' end
-  return (string.gsub(v, '%c', '?'))
+local function main()
+  if #KEYS ~= 1 then fail('BADARG expected 1 key, got ' .. #KEYS) end
+  if #ARGV ~= 0 then fail('BADARG expected no arguments, got ' .. #ARGV) end
+  local v = read_string(KEYS[1])
+  if v == nil or v == ABSORBED or v == RELEASED then return '' end
+  if not REASONS[v] then corrupt(KEYS[1], 'value', v) end
+  return v
 end
 
-if #KEYS ~= 1 then return redis.error_reply('BADARG expected 1 key, got ' .. #KEYS) end
-if #ARGV ~= 0 then return redis.error_reply('BADARG expected no arguments, got ' .. #ARGV) end
-local key = KEYS[1]
-local v = redis.pcall('GET', key)
-if type(v) == 'table' and v.err then
-  -- Only a wrong key type is corrupt data; other errors keep their own code.
-  if string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(v.err) end
-  local t = redis.pcall('TYPE', key)
-  return redis.error_reply('CORRUPT ' .. key .. ' type: ' .. show(type(t) == 'table' and t.ok or v.err))
-end
-if v == false or v == 'accepted' or v == 'released' then return '' end
-if not REASONS[v] then return redis.error_reply('CORRUPT ' .. key .. ' value: ' .. show(v)) end
-return v
+return run(main)

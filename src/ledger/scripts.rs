@@ -3,6 +3,8 @@
 //! after a restart, a failover or `SCRIPT FLUSH`; EVAL also caches it there).
 //! Each Cluster node has its own cache, and EVALSHA/EVAL are routed by the
 //! first key, so the fallback runs on the node that said `NOSCRIPT`.
+//! `lua/lib.lua` (helpers shared by the scripts) is compiled in front of
+//! each script that uses it: the SHA1 is of that whole text.
 //!
 //! Replies are decoded into typed structs here; a reply of another shape is
 //! a [`LedgerError::MalformedReply`].
@@ -32,14 +34,26 @@ impl Script {
     }
 }
 
-pub static DEDUCT: LazyLock<Script> =
-    LazyLock::new(|| Script::new("deduct", include_str!("../../lua/deduct.lua")));
-pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new("release", include_str!("../../lua/release.lua")));
-pub static ROLLBACK: LazyLock<Script> =
-    LazyLock::new(|| Script::new("rollback", include_str!("../../lua/rollback.lua")));
-pub static MEMO: LazyLock<Script> =
-    LazyLock::new(|| Script::new("memo", include_str!("../../lua/memo.lua")));
+/// A script of `lua/` with `lua/lib.lua` (the shared helpers) in front:
+/// Redis scripts cannot load one another.
+macro_rules! with_lib {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            Script::new(
+                $name,
+                concat!(
+                    include_str!("../../lua/lib.lua"),
+                    include_str!(concat!("../../lua/", $name, ".lua"))
+                ),
+            )
+        })
+    };
+}
+
+pub static DEDUCT: LazyLock<Script> = with_lib!("deduct");
+pub static RELEASE: LazyLock<Script> = with_lib!("release");
+pub static ROLLBACK: LazyLock<Script> = with_lib!("rollback");
+pub static MEMO: LazyLock<Script> = with_lib!("memo");
 pub static PROMO_SET: LazyLock<Script> =
     LazyLock::new(|| Script::new("promo_set", include_str!("../../lua/promo_set.lua")));
 

@@ -1,0 +1,142 @@
+-- lib.lua: the helpers every deductor script shares. Not a script of its own:
+-- src/ledger/scripts.rs prepends it to deduct.lua, release.lua, rollback.lua and
+-- memo.lua at compile time (Redis scripts cannot load one another), so the script
+-- Redis runs, and whose SHA1 EVALSHA names, is this file followed by the script.
+--
+-- Errors: a helper that finds a bad argument or corrupt data calls fail(msg); the
+-- script's main() runs under run(), which turns that into the error reply `msg`
+-- (first word: the code the caller matches on). Every check runs before the first
+-- write, so a failure never leaves a partial write.
+
+local MAX_DIGITS = 15 -- keeps every number exact in a Lua double
+
+-- Numbers go to redis.call as exact decimal strings (Lua's tostring would
+-- print 15-digit values in exponent notation).
+local function int(n) return string.format('%d', n) end
+
+local function fail(msg) error({ fail = msg }, 0) end
+
+local function show(v)
+  v = tostring(v)
+  if #v > 64 then v = string.sub(v, 1, 64) .. '...' end
+  return (string.gsub(v, '%c', '?'))
+end
+
+local function corrupt(key, field, value) fail('CORRUPT ' .. key .. ' ' .. field .. ': ' .. show(value)) end
+
+-- A canonical non-negative integer string: no sign, no leading zero, no
+-- exponent, no blanks, at most MAX_DIGITS digits (never Lua's tonumber, which
+-- takes "0x10", "1e3", " 5 ", "nan" and "inf").
+local function canonical(s)
+  return type(s) == 'string' and #s <= MAX_DIGITS and (s == '0' or string.find(s, '^[1-9][0-9]*$') ~= nil)
+end
+
+-- A canonical integer that may carry a leading '-' (never "-0").
+local function signed(s)
+  if type(s) ~= 'string' then return false end
+  if string.sub(s, 1, 1) == '-' then
+    local m = string.sub(s, 2)
+    return m ~= '0' and canonical(m)
+  end
+  return canonical(s)
+end
+
+-- An event id as CONTRACT.md section 1 allows it.
+local function event_id(s)
+  return type(s) == 'string' and #s >= 1 and #s <= 64 and string.find(s, '^[A-Za-z0-9_.-]+$') ~= nil
+end
+
+local function wrong_type(key, reply)
+  if type(reply) == 'table' and reply.err then
+    -- Only a wrong key type is corrupt data; any other error (an ACL refusal:
+    -- NOPERM, OOM, ...) is passed on with its own code so the caller does not
+    -- mistake a misconfiguration for corrupt promotions.
+    if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then fail(reply.err) end
+    local t = redis.pcall('TYPE', key)
+    corrupt(key, 'type', type(t) == 'table' and t.ok or reply.err)
+  end
+end
+
+local function read_hash(key)
+  local r = redis.pcall('HGETALL', key)
+  wrong_type(key, r)
+  if #r == 0 then return nil end
+  local h = {}
+  for i = 1, #r, 2 do h[r[i]] = r[i + 1] end
+  return h
+end
+
+local function read_string(key)
+  local r = redis.pcall('GET', key)
+  wrong_type(key, r)
+  if r == false then return nil end
+  return r
+end
+
+-- An optional canonical field of a hash, as a number (nil when absent).
+local function num_field(h, key, field)
+  local v = h[field]
+  if v == nil then return nil end
+  if not canonical(v) then corrupt(key, field, v) end
+  return tonumber(v)
+end
+
+-- promo:{P}: nil when absent; unknown fields are ignored.
+local function read_promotion(key)
+  local h = read_hash(key)
+  if not h then return nil end
+  local p = {
+    budget = num_field(h, key, 'budget'),
+    stock = num_field(h, key, 'stock'),
+    per_customer = num_field(h, key, 'per_customer'),
+    starts_at = num_field(h, key, 'starts_at'),
+    ends_at = num_field(h, key, 'ends_at'),
+    status = h.status or 'active',
+  }
+  if p.status ~= 'active' and p.status ~= 'paused' then corrupt(key, 'status', p.status) end
+  return p
+end
+
+-- promo:{P}:used:{C}: nil when absent.
+local function read_used(key)
+  local v = read_string(key)
+  if v == nil then return nil end
+  if not canonical(v) then corrupt(key, 'value', v) end
+  return tonumber(v)
+end
+
+-- promo:{P}:order:{O}: nil when absent.
+local function read_record(key)
+  local h = read_hash(key)
+  if not h then return nil end
+  local r = { state = h.state, event = h.event }
+  if r.state ~= 'deducted' and r.state ~= 'reverted' then corrupt(key, 'state', h.state or '(absent)') end
+  for _, f in ipairs({ 'budget', 'stock', 'budget0', 'stock0' }) do
+    local v = h[f]
+    if not canonical(v) then corrupt(key, f, v or '(absent)') end
+    r[f] = tonumber(v)
+  end
+  if r.budget > r.budget0 then corrupt(key, 'budget', h.budget) end
+  if r.stock > r.stock0 then corrupt(key, 'stock', h.stock) end
+  if r.state == 'deducted' and (r.event == nil or r.event == '') then corrupt(key, 'event', r.event or '(absent)') end
+  return r
+end
+
+-- The rejection reasons a placement's memo promo:{P}:rejected:{E} may hold.
+local REASONS = {
+  budget_exceeded = true, stock_insufficient = true, user_limit_reached = true,
+  promotion_not_found = true, promotion_inactive = true, order_reverted = true,
+}
+-- The memo's value when deduct.lua step 1 absorbed the event into another event's record.
+local ABSORBED = 'accepted'
+-- The memo's value when release.lua released the line for a rejected event.
+local RELEASED = 'released'
+
+-- Runs a script's main(): its reply, or the error reply of a fail().
+local function run(main)
+  local ok, res = pcall(main)
+  if ok then return res end
+  if type(res) == 'table' and res.fail then return redis.error_reply(res.fail) end
+  error(res, 0)
+end
+
