@@ -308,7 +308,10 @@ impl Model {
             .map(|l| pidx(l.promotion_id.as_str()))
             .collect();
         if ps.len() > 1 {
-            for (i, p) in ps.iter().enumerate() {
+            // The first line's stored rejection is answered by deduct step 0
+            // (nothing of the event was deducted before its first line);
+            // the other lines' are looked up before anything is deducted.
+            for (i, p) in ps.iter().enumerate().skip(1) {
                 if let Some(r) = self.rejected.get(&(*p, ev.to_owned())).copied() {
                     for q in &ps {
                         self.release(*q, o, c, ev);

@@ -162,10 +162,9 @@ impl Publisher {
 
     /// Sends an outcome, keyed by `order_id`, and waits for the ack.
     pub async fn send_outcome(&self, o: &Outcome) -> Result<(), PublishError> {
-        let payload = o.to_bytes();
         let record = FutureRecord::to(&self.outcome_topic)
             .key(o.order_id.as_bytes())
-            .payload(&payload);
+            .payload(o.to_bytes());
         self.producer
             .send(record, Timeout::After(self.timeout))
             .await

@@ -4,8 +4,8 @@
 //! makes orders out of lines: a multi-line placement is all-or-nothing
 //! (earlier lines are released when a later one is rejected) and decides the
 //! same way on every delivery (a stored rejection of the event on any line is
-//! looked up first). The calls of one order are awaited one after another,
-//! so any pooled connection may carry them.
+//! looked up first, in one round trip). The writes of one order are awaited
+//! one after another, so any pooled connection may carry them.
 
 pub mod error;
 pub mod scripts;
@@ -196,11 +196,17 @@ impl Ledger {
         let h = &e.header;
         if e.lines.len() > 1 {
             // One decision per event: a redelivery of a rejected event is
-            // rejected again, whatever the other lines would say now.
-            for line in &e.lines {
+            // rejected again, whatever the other lines would say now. The
+            // first line's stored rejection is read by deduct.lua itself
+            // (step 0) before it deducts anything; the other lines' are read
+            // here, all at once (one round trip), before the first deduct.
+            let lookups = e.lines[1..].iter().map(|line| {
                 let p = &line.promotion_id;
                 let memo = self.keys().rejected(p, &h.event_id);
-                let found = match self.run(&scripts::MEMO, p, vec![memo], vec![]).await {
+                async move { (p, self.run(&scripts::MEMO, p, vec![memo], vec![]).await) }
+            });
+            for (p, result) in futures::future::join_all(lookups).await {
+                let found = match result {
                     Ok(reply) => scripts::decode_memo(reply)?,
                     Err(err) if err.is_corrupt() => {
                         self.report_corrupt(h, p, &err);
