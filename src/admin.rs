@@ -147,7 +147,9 @@ pub async fn promo_set(
         args.push(v);
     }
     let key = ledger.keys().promotion(p);
-    let reply = ledger.run(&scripts::PROMO_SET, p, vec![key], args).await?;
+    let reply = ledger
+        .run(&scripts::PROMO_SET, None, p, vec![key], args)
+        .await?;
     match reply.as_str().as_deref() {
         Some("created") => Ok(PromoSetResult::Created),
         Some("replaced") => Ok(PromoSetResult::Replaced),

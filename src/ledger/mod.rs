@@ -4,17 +4,19 @@
 //! makes orders out of lines: a multi-line placement is all-or-nothing
 //! (earlier lines are released when a later one is rejected) and decides the
 //! same way on every delivery (a stored rejection of the event on any line is
-//! looked up first, in one round trip). The writes of one order are awaited
-//! one after another, so any pooled connection may carry them.
+//! looked up first, in one round trip). Every command of one order goes over
+//! one pooled connection (chosen by the order id), and its writes are awaited
+//! one after another.
 
 pub mod error;
 pub mod scripts;
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, TcpConfig, Value,
+    Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, TcpConfig, Value,
 };
 use fred::types::config::{TlsConnector, UnresponsiveConfig};
 
@@ -203,7 +205,13 @@ impl Ledger {
             let lookups = e.lines[1..].iter().map(|line| {
                 let p = &line.promotion_id;
                 let memo = self.keys().rejected(p, &h.event_id);
-                async move { (p, self.run(&scripts::MEMO, p, vec![memo], vec![]).await) }
+                async move {
+                    (
+                        p,
+                        self.run(&scripts::MEMO, Some(&h.order_id), p, vec![memo], vec![])
+                            .await,
+                    )
+                }
             });
             for (p, result) in futures::future::join_all(lookups).await {
                 let found = match result {
@@ -253,7 +261,9 @@ impl Ledger {
                     for line in &e.lines {
                         let q = &line.promotion_id;
                         let memo = self.keys().rejected(q, &h.event_id);
-                        let reply = self.run(&scripts::MEMO, q, vec![memo], vec![]).await?;
+                        let reply = self
+                            .run(&scripts::MEMO, Some(&h.order_id), q, vec![memo], vec![])
+                            .await?;
                         if let Some(reason) = scripts::decode_memo(reply)? {
                             return Ok(rejected(true, reason, q));
                         }
@@ -288,7 +298,16 @@ impl Ledger {
                 self.shared.record_ttl.clone(),
                 self.shared.refund_ttl.clone(),
             ];
-            let result = match self.run(&scripts::ROLLBACK, p, keys.as_vec(), args).await {
+            let result = match self
+                .run(
+                    &scripts::ROLLBACK,
+                    Some(&h.order_id),
+                    p,
+                    keys.as_vec(),
+                    args,
+                )
+                .await
+            {
                 Ok(reply) => {
                     let r = scripts::decode_line(&scripts::ROLLBACK, "applied", reply)?;
                     refund_line(p, r)
@@ -324,7 +343,9 @@ impl Ledger {
             self.shared.record_ttl.clone(),
             self.shared.refund_ttl.clone(),
         ];
-        let reply = self.run(&scripts::DEDUCT, p, keys.as_vec(), args).await?;
+        let reply = self
+            .run(&scripts::DEDUCT, Some(&h.order_id), p, keys.as_vec(), args)
+            .await?;
         scripts::decode_line(&scripts::DEDUCT, "accepted", reply)
     }
 
@@ -352,7 +373,10 @@ impl Ledger {
                 keys.push(k.memo);
                 args.push(self.shared.refund_ttl.clone());
             }
-            match self.run(&scripts::RELEASE, p, keys, args).await {
+            match self
+                .run(&scripts::RELEASE, Some(&h.order_id), p, keys, args)
+                .await
+            {
                 Ok(reply) => {
                     if scripts::decode_release(reply)? {
                         tracing::debug!(promotion = %p, order = %h.order_id, "released line");
@@ -365,16 +389,32 @@ impl Ledger {
         Ok(())
     }
 
-    /// Runs one script for promotion `p`, timed.
+    /// The connection that carries every command of `order`: an order's
+    /// commands are sent in order over one connection (and its concurrent
+    /// memo lookups go out in one write); orders spread over the pool.
+    fn connection(&self, order: &Id) -> &Client {
+        let clients = self.pool.clients();
+        let mut h = std::hash::DefaultHasher::new();
+        order.as_str().hash(&mut h);
+        &clients[(h.finish() % clients.len() as u64) as usize]
+    }
+
+    /// Runs one script for promotion `p`, timed: over the order's connection
+    /// when `order` is given, else over any connection of the pool.
     pub(crate) async fn run(
         &self,
         script: &Script,
+        order: Option<&Id>,
         p: &Id,
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value, LedgerError> {
         let start = Instant::now();
-        let result = scripts::eval(&self.pool, script, keys, args).await;
+        let client = match order {
+            Some(o) => self.connection(o),
+            None => self.pool.next(),
+        };
+        let result = scripts::eval(client, script, keys, args).await;
         let took = start.elapsed();
         metrics::histogram!("deductor_script_duration_seconds", "script" => script.name)
             .record(took.as_secs_f64());

@@ -11,7 +11,7 @@
 
 use std::sync::LazyLock;
 
-use fred::prelude::{LuaInterface, Pool, Value};
+use fred::prelude::{Client, LuaInterface, Value};
 
 use super::error::{classify, ErrorClass, LedgerError};
 use crate::domain::decision::{Reason, Remaining};
@@ -64,12 +64,12 @@ pub fn all() -> [&'static Script; 5] {
 
 /// EVALSHA, falling back to EVAL on `NOSCRIPT`.
 pub(crate) async fn eval(
-    pool: &Pool,
+    client: &Client,
     script: &Script,
     keys: Vec<String>,
     args: Vec<String>,
 ) -> Result<Value, fred::error::Error> {
-    match pool
+    match client
         .evalsha::<Value, _, _, _>(script.sha1.clone(), keys.clone(), args.clone())
         .await
     {
@@ -78,7 +78,7 @@ pub(crate) async fn eval(
                 script = script.name,
                 "script not cached on the node; sending it whole"
             );
-            pool.eval::<Value, _, _, _>(script.body, keys, args).await
+            client.eval::<Value, _, _, _>(script.body, keys, args).await
         }
         other => other,
     }
