@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,54 +23,6 @@ pub fn unix_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default()
-}
-
-/// Creates topics (name, partitions); outcome topics get broker append
-/// timestamps (`LogAppendTime`), so an outcome's timestamp is when the
-/// broker wrote it. Waits until every partition has a leader.
-pub async fn create_topics(brokers: &str, topics: &[(&str, i32, bool)]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .context("admin client")?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|(name, parts, append_time)| {
-            let t = NewTopic::new(name, *parts, TopicReplication::Fixed(1));
-            if *append_time {
-                t.set("message.timestamp.type", "LogAppendTime")
-            } else {
-                t
-            }
-        })
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics(&new, &opts).await? {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, code)) => bail!("creating topic {t}: {code}"),
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (name, parts, _) in topics {
-        loop {
-            let md = admin
-                .inner()
-                .fetch_metadata(Some(name), Duration::from_secs(5))?;
-            let ready = md.topics().first().is_some_and(|t| {
-                t.partitions().len() == *parts as usize
-                    && t.partitions().iter().all(|p| p.leader() >= 0)
-            });
-            if ready {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("topic {name} has no leader for every partition after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok(())
 }
 
 pub async fn delete_topics(brokers: &str, topics: &[String]) {

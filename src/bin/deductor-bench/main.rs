@@ -15,6 +15,8 @@ mod kafka;
 mod proc;
 mod redis;
 mod report;
+#[path = "../shared/topics.rs"]
+mod topics;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -113,13 +115,19 @@ impl Ctx {
         let out = format!("bench-{tag}-out");
         let dlq = format!("bench-{tag}-dlq");
         let p = self.opts.partitions;
-        kafka::create_topics(
+        let topic = |name, partitions, append_time| topics::Topic {
+            name,
+            partitions,
+            append_time,
+        };
+        topics::create(
             &self.opts.brokers,
             &[
-                (&input, p, input_append_time),
-                (&out, p, true),
-                (&dlq, 1, false),
+                topic(&input, p, input_append_time),
+                topic(&out, p, true),
+                topic(&dlq, 1, false),
             ],
+            Duration::from_secs(30),
         )
         .await?;
         self.topics

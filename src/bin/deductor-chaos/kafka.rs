@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -19,44 +17,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::workload::Record;
-
-pub async fn create_topics(brokers: &str, topics: &[(&str, i32)]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .context("admin client")?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1)))
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics(&new, &opts).await? {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, code)) => bail!("creating topic {t}: {code}"),
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for (name, parts) in topics {
-        loop {
-            let md = admin
-                .inner()
-                .fetch_metadata(Some(name), Duration::from_secs(5))?;
-            let ready = md.topics().first().is_some_and(|t| {
-                t.partitions().len() == *parts as usize
-                    && t.partitions().iter().all(|p| p.leader() >= 0)
-            });
-            if ready {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("topic {name} has no leader for every partition after 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    Ok(())
-}
 
 /// Progress of the production, shared with the orchestrator.
 #[derive(Debug, Default)]

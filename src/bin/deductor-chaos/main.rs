@@ -16,6 +16,8 @@ mod kafka;
 mod model;
 mod rng;
 mod stack;
+#[path = "../shared/topics.rs"]
+mod topics;
 mod workload;
 
 use std::path::PathBuf;
@@ -288,13 +290,19 @@ async fn run_with_redis(
         .context("connecting to the chaos Redis")?;
     seed_promotions(&ledger, &w.promos).await?;
     ledger.quit().await;
-    kafka::create_topics(
+    let topic = |name, partitions| topics::Topic {
+        name,
+        partitions,
+        append_time: false,
+    };
+    topics::create(
         &a.brokers,
         &[
-            (&run.input_topic, 6),
-            (&run.outcome_topic, 6),
-            (&run.dlq_topic, 3),
+            topic(&run.input_topic, 6),
+            topic(&run.outcome_topic, 6),
+            topic(&run.dlq_topic, 3),
         ],
+        Duration::from_secs(60),
     )
     .await?;
     log(
