@@ -248,6 +248,11 @@ async fn wrong_scram_password_is_fatal_and_never_shown() {
     let out = check(&env);
     assert!(!out.0, "check passed with a wrong password:\n{}", out.1);
     assert!(
+        out.1.contains("refused the login") && out.1.contains("Authentication"),
+        "check does not say the login was refused:\n{}",
+        out.1
+    );
+    assert!(
         !out.1.contains(&bad),
         "check shows the password:\n{}",
         out.1

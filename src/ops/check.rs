@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 
 use crate::config::{redact_url, Settings};
 use crate::kafka::consumer::consumer_config;
@@ -38,7 +39,35 @@ pub async fn run(settings: &Settings) -> bool {
         let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
         let md = consumer
             .fetch_metadata(None, Duration::from_secs(10))
-            .map_err(|e| format!("metadata from {}: {e}", k.brokers))?;
+            .map_err(|e| {
+                // A refused login (wrong SASL password) reaches a consumer as
+                // an error event, while the metadata request only times out
+                // as a transport failure, which alone does not say what to
+                // fix. The event carries the code, never the password.
+                let cause = (0..5).find_map(|_| match consumer.poll(Duration::from_millis(100)) {
+                    Some(Err(cause)) => Some(cause),
+                    _ => None,
+                });
+                let refused = cause
+                    .as_ref()
+                    .and_then(|c| c.rdkafka_error_code())
+                    .is_some_and(|c| {
+                        matches!(
+                            c,
+                            RDKafkaErrorCode::Authentication
+                                | RDKafkaErrorCode::SaslAuthenticationFailed
+                        )
+                    });
+                match cause {
+                    Some(cause) if refused => format!(
+                        "metadata from {}: {e}; the broker refused the login \
+                         (check kafka.consumer sasl.username / sasl.password): {cause}",
+                        k.brokers
+                    ),
+                    Some(cause) => format!("metadata from {}: {e}; {cause}", k.brokers),
+                    None => format!("metadata from {}: {e}", k.brokers),
+                }
+            })?;
         let mut found = Vec::new();
         for t in [&k.input_topic, &k.outcome_topic, &k.dlq_topic] {
             match md.topics().iter().find(|x| x.name() == t.as_str()) {
