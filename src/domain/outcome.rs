@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::decision::{PlaceDecision, Reason, RefundDecision, Remaining};
-use super::event::{EventType, InvalidEvent, OrderPlaced, OrderRefunded};
+use super::event::{EventType, Header, InvalidEvent, OrderPlaced, OrderRefunded};
 
 /// The four outcome types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,70 +139,37 @@ struct RefundLineWire<'a> {
     remaining: RemainingWire,
 }
 
-/// Serializes lines straight from an iterator (no intermediate `Vec`).
-struct Lines<I>(std::cell::Cell<Option<I>>);
-
-impl<I: Iterator<Item = T>, T: Serialize> Serialize for Lines<I> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0.take() {
-            Some(iter) => s.collect_seq(iter),
-            None => s.collect_seq(std::iter::empty::<T>()),
-        }
-    }
-}
-
-fn lines<I: Iterator>(iter: I) -> Lines<I> {
-    Lines(std::cell::Cell::new(Some(iter)))
-}
-
-struct Meta<'a> {
+fn to_outcome<L: Serialize>(
+    wire: &Wire<'_, L>,
     kind: OutcomeType,
-    outcome_id: String,
-    order_id: &'a str,
     reason: Option<Reason>,
-}
-
-fn build<L: Serialize>(meta: Meta<'_>, wire: &Wire<'_, L>) -> Outcome {
-    // Serializing these structs cannot fail: string keys, no maps, no floats.
-    let payload = serde_json::to_vec(wire).unwrap_or_default();
+) -> Outcome {
     Outcome {
-        kind: meta.kind,
-        order_id: meta.order_id.to_string(),
-        outcome_id: meta.outcome_id,
-        reason: meta.reason,
-        payload,
+        kind,
+        order_id: wire.order_id.to_owned(),
+        outcome_id: wire.outcome_id.to_owned(),
+        reason,
+        // Serializing these structs cannot fail: string keys, no maps, no floats.
+        payload: serde_json::to_vec(wire).unwrap_or_default(),
     }
 }
 
-/// The outcome of an `OrderPlaced`.
-pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at: &str) -> Outcome {
-    let h = &e.header;
-    let (kind, duplicate, reason, promotion_id) = match d {
-        PlaceDecision::Accepted { duplicate, .. } => {
-            (OutcomeType::DeductAccepted, *duplicate, None, None)
-        }
-        PlaceDecision::Rejected {
-            duplicate,
-            reason,
-            promotion_id,
-        } => (
-            OutcomeType::DeductRejected,
-            *duplicate,
-            Some(*reason),
-            Some(promotion_id.as_str()),
-        ),
-    };
+/// An outcome answering a parsed event (placement or refund).
+#[allow(clippy::too_many_arguments)]
+fn answer<L: Serialize>(
+    h: &Header,
+    kind: OutcomeType,
+    duplicate: bool,
+    reason: Option<Reason>,
+    promotion_id: Option<&str>,
+    lines: L,
+    source: &Source,
+    processed_at: &str,
+) -> Outcome {
     let id = outcome_id(h.event_id.as_str(), kind);
-    let meta = Meta {
-        kind,
-        outcome_id: id,
-        order_id: h.order_id.as_str(),
-        reason,
-    };
-    let outcome_id = meta.outcome_id.clone();
-    let wire = |lines| Wire {
+    let wire = Wire {
         kind: kind.as_str(),
-        outcome_id: &outcome_id,
+        outcome_id: &id,
         event_id: Some(h.event_id.as_str()),
         order_id: h.order_id.as_str(),
         customer_id: Some(h.customer_id.as_str()),
@@ -214,44 +181,50 @@ pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at:
         source,
         processed_at,
     };
+    to_outcome(&wire, kind, reason)
+}
+
+/// The outcome of an `OrderPlaced`.
+pub fn placed(e: &OrderPlaced, d: &PlaceDecision, source: &Source, processed_at: &str) -> Outcome {
+    let h = &e.header;
     match d {
-        PlaceDecision::Accepted {
-            lines: accepted, ..
-        } => build(
-            meta,
-            &wire(EitherLines::Accepted(lines(accepted.iter().map(|l| {
-                AcceptedLineWire {
+        PlaceDecision::Accepted { duplicate, lines } => {
+            let lines: Vec<AcceptedLineWire<'_>> = lines
+                .iter()
+                .map(|l| AcceptedLineWire {
                     promotion_id: l.promotion_id.as_str(),
                     budget: l.budget,
                     stock: l.stock,
                     remaining: (&l.remaining).into(),
-                }
-            })))),
-        ),
-        PlaceDecision::Rejected { .. } => build(
-            meta,
-            &wire(EitherLines::Requested(lines(e.lines.iter().map(|l| {
-                RequestedLineWire {
+                })
+                .collect();
+            let kind = OutcomeType::DeductAccepted;
+            answer(h, kind, *duplicate, None, None, lines, source, processed_at)
+        }
+        PlaceDecision::Rejected {
+            duplicate,
+            reason,
+            promotion_id,
+        } => {
+            let lines: Vec<RequestedLineWire<'_>> = e
+                .lines
+                .iter()
+                .map(|l| RequestedLineWire {
                     promotion_id: l.promotion_id.as_str(),
                     budget: l.budget,
                     stock: l.stock,
-                }
-            })))),
-        ),
-    }
-}
-
-/// The two line shapes of a placement's outcome, behind one type.
-enum EitherLines<A, R> {
-    Accepted(A),
-    Requested(R),
-}
-
-impl<A: Serialize, R: Serialize> Serialize for EitherLines<A, R> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            EitherLines::Accepted(a) => a.serialize(s),
-            EitherLines::Requested(r) => r.serialize(s),
+                })
+                .collect();
+            answer(
+                h,
+                OutcomeType::DeductRejected,
+                *duplicate,
+                Some(*reason),
+                Some(promotion_id.as_str()),
+                lines,
+                source,
+                processed_at,
+            )
         }
     }
 }
@@ -263,24 +236,15 @@ pub fn refunded(
     source: &Source,
     processed_at: &str,
 ) -> Outcome {
-    let h = &e.header;
     let (kind, reason) = if d.applied() {
         (OutcomeType::RollbackApplied, None)
     } else {
         (OutcomeType::RollbackRejected, d.first_reason())
     };
-    let id = outcome_id(h.event_id.as_str(), kind);
-    let wire = Wire {
-        kind: kind.as_str(),
-        outcome_id: &id,
-        event_id: Some(h.event_id.as_str()),
-        order_id: h.order_id.as_str(),
-        customer_id: Some(h.customer_id.as_str()),
-        duplicate: d.duplicate(),
-        reason: reason.map(Reason::as_str),
-        promotion_id: None,
-        error: None,
-        lines: lines(d.lines.iter().map(|l| RefundLineWire {
+    let lines: Vec<RefundLineWire<'_>> = d
+        .lines
+        .iter()
+        .map(|l| RefundLineWire {
             promotion_id: l.promotion_id.as_str(),
             status: match l.status {
                 Ok(()) => "applied",
@@ -289,17 +253,18 @@ pub fn refunded(
             budget: l.budget,
             stock: l.stock,
             remaining: (&l.remaining).into(),
-        })),
+        })
+        .collect();
+    answer(
+        &e.header,
+        kind,
+        d.duplicate(),
+        reason,
+        None,
+        lines,
         source,
         processed_at,
-    };
-    let meta = Meta {
-        kind,
-        outcome_id: id.clone(),
-        order_id: h.order_id.as_str(),
-        reason,
-    };
-    build(meta, &wire)
+    )
 }
 
 /// The `invalid_event` rejection of an invalid event, when its `order_id`
@@ -330,13 +295,7 @@ pub fn invalid(e: &InvalidEvent, source: &Source, processed_at: &str) -> Option<
         source,
         processed_at,
     };
-    let meta = Meta {
-        kind,
-        outcome_id: id.clone(),
-        order_id: order_id.as_str(),
-        reason: Some(Reason::InvalidEvent),
-    };
-    Some(build(meta, &wire))
+    Some(to_outcome(&wire, kind, Some(Reason::InvalidEvent)))
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T10:00:00.012Z`.
