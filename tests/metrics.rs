@@ -12,7 +12,6 @@ use common::kafka;
 use common::service::{self, Fixture};
 use deductor::admin::PromoSpec;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -31,27 +30,12 @@ fn promtool() -> String {
     std::env::var("DEDUCTOR_PROMTOOL").unwrap_or_else(|_| "promtool".to_owned())
 }
 
-/// A minimal HTTP/1.0 GET: (status code, body).
+/// A GET through the service's own HTTP/1.0 client: (status code, body).
 async fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let io = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(5), io)
+    deductor::ops::http::fetch(&format!("http://{addr}{path}"))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "GET timed out"))??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_owned()))
+        .map(|r| (r.status, r.body))
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// The metric family names declared by `# TYPE` lines.

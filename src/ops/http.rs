@@ -116,8 +116,19 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     (StatusCode::OK, format!("ready: {assigned} partitions\n"))
 }
 
-/// `deductor healthcheck`: a minimal HTTP/1.0 GET, for images without curl.
-pub async fn probe(url: &str) -> anyhow::Result<()> {
+/// An answer of [`fetch`].
+#[derive(Debug)]
+pub struct Response {
+    /// The status code (0 when the status line does not parse).
+    pub status: u16,
+    /// The whole status line, e.g. `HTTP/1.1 503 Service Unavailable`.
+    pub status_line: String,
+    pub body: String,
+}
+
+/// A minimal HTTP/1.0 GET of an `http://host:port/path` url, with a 5 s
+/// timeout: for `deductor healthcheck` in images without curl.
+pub async fn fetch(url: &str) -> anyhow::Result<Response> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url
         .strip_prefix("http://")
@@ -139,11 +150,26 @@ pub async fn probe(url: &str) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("{url}: timed out"))?
         .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     let text = String::from_utf8_lossy(&buf);
-    let status_line = text.lines().next().unwrap_or_default();
-    if status_line.split_whitespace().nth(1) == Some("200") {
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status_line = head.lines().next().unwrap_or_default().to_owned();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok(Response {
+        status,
+        status_line,
+        body: body.to_owned(),
+    })
+}
+
+/// `deductor healthcheck`: OK when `url` answers 200.
+pub async fn probe(url: &str) -> anyhow::Result<()> {
+    let r = fetch(url).await?;
+    if r.status == 200 {
         Ok(())
     } else {
-        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().trim();
-        anyhow::bail!("{url}: {status_line} {body}")
+        anyhow::bail!("{url}: {} {}", r.status_line, r.body.trim())
     }
 }
