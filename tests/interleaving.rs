@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use common::redis::{self, placed, refunded, TestRedis};
 use deductor::domain::decision::PlaceDecision;
+use deductor::domain::event::OrderPlaced;
 use deductor::ledger::scripts::DEDUCT;
-use deductor::ledger::Ledger;
+use deductor::ledger::{Ledger, LedgerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -108,18 +109,29 @@ async fn setup() -> (TestRedis, Ledger, Hold) {
     (r, slow, hold)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_deliveries_of_one_event_publish_one_decision() {
-    let (r, slow, hold) = setup().await;
-    let e = placed("e1", "o1", "c1", 1_795_946_400, &[("A", 0, 1), ("B", 0, 1)]);
-
-    // Delivery 1 (the zombie) looks up the memos, then is held at its first deduct.
+/// Starts a delivery of `e` over the slow path and waits until the proxy
+/// holds it at its first deduct.
+async fn start_held(
+    slow: &Ledger,
+    hold: &Hold,
+    e: &OrderPlaced,
+) -> tokio::task::JoinHandle<Result<PlaceDecision, LedgerError>> {
     hold.armed.store(true, Ordering::SeqCst);
     let first = {
         let (slow, e) = (slow.clone(), e.clone());
         tokio::spawn(async move { slow.place(&e).await })
     };
     hold.held.notified().await;
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deliveries_of_one_event_publish_one_decision() {
+    let (r, slow, hold) = setup().await;
+    let e = placed("e1", "o1", "c1", 1_795_946_400, &[("A", 0, 1), ("B", 0, 1)]);
+
+    // Delivery 1 (the zombie) looks up the memos, then is held at its first deduct.
+    let first = start_held(&slow, &hold, &e).await;
     // Delivery 2 (the new owner) decides the event, then handles the order's refund.
     let second = r.ledger.place(&e).await.unwrap();
     let refund = r
@@ -165,12 +177,7 @@ async fn a_refund_never_applies_to_a_rejected_placement() {
     // while delivery 2 decides the event (and releases A); before the fix,
     // delivery 1 then deducted A afresh and was held again before B while
     // the refund ran.
-    hold.armed.store(true, Ordering::SeqCst);
-    let first = {
-        let (slow, e) = (slow.clone(), e.clone());
-        tokio::spawn(async move { slow.place(&e).await })
-    };
-    hold.held.notified().await;
+    let first = start_held(&slow, &hold, &e).await;
     let second = r.ledger.place(&e).await.unwrap();
     hold.armed.store(true, Ordering::SeqCst);
     hold.release.notify_one();

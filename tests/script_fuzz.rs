@@ -287,6 +287,27 @@ impl Writer {
     }
 }
 
+/// What the promotion has left, as the scripts reply it (-1 = unlimited or none).
+fn left(p: &Option<Promo>) -> (i64, i64) {
+    match p {
+        Some(p) => (p.budget.unwrap_or(-1), p.stock.unwrap_or(-1)),
+        None => (-1, -1),
+    }
+}
+
+/// The 7-item reply of deduct.lua / rollback.lua.
+fn reply(st_: &str, reason: &str, dup: i64, rb: i64, rs: i64, l: (i64, i64)) -> Vec<Reply> {
+    vec![
+        s(st_),
+        s(reason),
+        Reply::I(dup),
+        Reply::I(rb),
+        Reply::I(rs),
+        Reply::I(l.0),
+        Reply::I(l.1),
+    ]
+}
+
 fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     if keys.len() != 4 || args.len() != 6 {
         return Expect::Error("BADARG");
@@ -324,21 +345,6 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     };
     let u = u.unwrap_or(0);
     let mut w = Writer(d.clone());
-    let left = |p: &Option<Promo>| match p {
-        Some(p) => (p.budget.unwrap_or(-1), p.stock.unwrap_or(-1)),
-        None => (-1, -1),
-    };
-    let reply = |st_: &str, reason: &str, dup: i64, rb: i64, rs: i64, l: (i64, i64)| {
-        vec![
-            s(st_),
-            s(reason),
-            Reply::I(dup),
-            Reply::I(rb),
-            Reply::I(rs),
-            Reply::I(l.0),
-            Reply::I(l.1),
-        ]
-    };
     if memo.as_deref() == Some("released") {
         return Expect::Reply(reply("rejected", "released", 1, 0, 0, left(&p)), w.0);
     }
@@ -441,27 +447,13 @@ fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         return Expect::Error("CORRUPT");
     };
     let mut w = Writer(d.clone());
-    let left = match &p {
-        Some(p) => (p.budget.unwrap_or(-1), p.stock.unwrap_or(-1)),
-        None => (-1, -1),
-    };
-    let reply = |st_: &str, reason: &str, dup: i64, rb: i64, rs: i64, l: (i64, i64)| {
-        vec![
-            s(st_),
-            s(reason),
-            Reply::I(dup),
-            Reply::I(rb),
-            Reply::I(rs),
-            Reply::I(l.0),
-            Reply::I(l.1),
-        ]
-    };
+    let before = left(&p);
     if let Some((st_, r, b, st)) = memo {
-        return Expect::Reply(reply(&st_, &r, 1, b, st, left), w.0);
+        return Expect::Reply(reply(&st_, &r, 1, b, st, before), w.0);
     }
     let reject = |w: &mut Writer, reason: &str| {
         w.set_ex(km, &format!("rejected {reason}"));
-        reply("rejected", reason, 0, 0, 0, left)
+        reply("rejected", reason, 0, 0, 0, before)
     };
     let Some(r) = rec else {
         let zero = || "0".to_owned();
@@ -497,7 +489,7 @@ fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         let rep = reject(&mut w, "exceeds_deducted");
         return Expect::Reply(rep, w.0);
     }
-    let mut l = left;
+    let mut l = before;
     if let Some(pr) = &p {
         if pr.budget.is_some() {
             l.0 = w.hincrby(kp, "budget", b);

@@ -122,6 +122,19 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
+/// Picks a running consumer at random and applies `act` to it (under the
+/// fleet's lock); `None` when none runs.
+async fn pick_running(env: &Env, rng: &mut Rng, act: fn(&mut Fleet, usize)) -> Option<usize> {
+    let mut f = env.fleet.lock().await;
+    let running = f.running();
+    if running.is_empty() {
+        return None;
+    }
+    let i = running[rng.below(running.len())];
+    act(&mut f, i);
+    Some(i)
+}
+
 /// Does one fault; returns what was done.
 pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::Result<Done> {
     busy_moment(env, rng).await;
@@ -129,17 +142,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
     let t0 = Instant::now();
     let detail = match kind {
         Kind::ConsumerKill => {
-            let pick = {
-                let mut f = env.fleet.lock().await;
-                let running = f.running();
-                if running.is_empty() {
-                    None
-                } else {
-                    let i = running[rng.below(running.len())];
-                    f.kill(i);
-                    Some(i)
-                }
-            };
+            let pick = pick_running(env, rng, Fleet::kill).await;
             match pick {
                 Some(i) => {
                     let down = pause(rng, 200, 2_000).await;
@@ -150,17 +153,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             }
         }
         Kind::Zombie => {
-            let pick = {
-                let mut f = env.fleet.lock().await;
-                let running = f.running();
-                if running.is_empty() {
-                    None
-                } else {
-                    let i = running[rng.below(running.len())];
-                    f.freeze(i);
-                    Some(i)
-                }
-            };
+            let pick = pick_running(env, rng, Fleet::freeze).await;
             match pick {
                 Some(i) => {
                     let extra = rng.range(2_000, 5_000);
@@ -178,17 +171,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
         Kind::Rebalance => {
             if n % 2 == 0 {
                 // A member leaves gracefully and comes back.
-                let pick = {
-                    let mut f = env.fleet.lock().await;
-                    let running = f.running();
-                    if running.is_empty() {
-                        None
-                    } else {
-                        let i = running[rng.below(running.len())];
-                        f.terminate(i);
-                        Some(i)
-                    }
-                };
+                let pick = pick_running(env, rng, Fleet::terminate).await;
                 match pick {
                     Some(i) => {
                         let left = wait_left(env, i, Duration::from_secs(60)).await;
