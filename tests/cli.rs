@@ -271,7 +271,8 @@ async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() 
 async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
     let f = Fixture::new("health", 3).await;
     let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
+    // A wildcard address, as in the image: the probe asks it on loopback.
+    let listen = format!("0.0.0.0:{port}");
     let mut child = service::spawn(&f.env(&[("http.listen", &listen)]), &["run"]);
     let url = format!("http://127.0.0.1:{port}/healthz");
     let probe_env = env(&[]);
@@ -291,9 +292,38 @@ async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let closed = format!("http://127.0.0.1:{}/healthz", free_port());
+    // Without --url: the port of http.listen, from the environment (as the
+    // image's HEALTHCHECK sees it) or from a flag.
+    let o = deductor(&env(&[("DEDUCTOR_HTTP_LISTEN", &listen)]), &["healthcheck"]).await;
+    assert!(
+        o.status.success(),
+        "healthcheck with DEDUCTOR_HTTP_LISTEN={listen}: {}",
+        stderr(&o)
+    );
+    let flag = format!("http.listen=127.0.0.1:{port}");
+    let o = deductor(&probe_env, &["healthcheck", "--set", &flag]).await;
+    assert!(
+        o.status.success(),
+        "healthcheck --set {flag}: {}",
+        stderr(&o)
+    );
+    let o = deductor(&probe_env, &["healthcheck", "--set", "http.listen="]).await;
+    assert_one_line_error(&o, "http.listen", "healthcheck with http.listen empty");
+
+    let closed_port = free_port();
+    let closed = format!("http://127.0.0.1:{closed_port}/healthz");
     let o = deductor(&probe_env, &["healthcheck", "--url", &closed]).await;
     assert_one_line_error(&o, "127.0.0.1", "healthcheck against a closed port");
+    let o = deductor(
+        &env(&[("DEDUCTOR_HTTP_LISTEN", &format!("0.0.0.0:{closed_port}"))]),
+        &["healthcheck"],
+    )
+    .await;
+    assert_one_line_error(
+        &o,
+        &format!("127.0.0.1:{closed_port}"),
+        "healthcheck of an http.listen nothing serves",
+    );
 
     let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
         .await
