@@ -407,3 +407,37 @@ async fn run_waits_for_redis_at_startup_and_then_works() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+/// scripts/dev-stack (behind the README's commands) formats Kafka's storage
+/// with a random cluster id; one starting with '-' (1 draw in 64) was read as
+/// an option and the format failed. 500 ids from its own generator: each a
+/// 22-character URL-safe base64 id that does not start with '-'.
+#[test]
+fn dev_stack_cluster_ids_never_start_with_a_dash() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dev-stack");
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            r#"source "$1" && for _ in $(seq 500); do kafka_cluster_id; done"#,
+            "bash",
+            script,
+        ])
+        .output()
+        .expect("running bash");
+    assert!(
+        out.status.success(),
+        "sourcing {script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(ids.lines().count(), 500, "{ids}");
+    for id in ids.lines() {
+        assert_eq!(id.len(), 22, "{id:?}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{id:?}"
+        );
+        assert!(!id.starts_with('-'), "{id:?} starts with '-'");
+    }
+}
