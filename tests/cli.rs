@@ -93,6 +93,18 @@ async fn configuration_errors_name_the_key_in_one_line() {
     )
     .await;
     assert_one_line_error(&o, "kafka.input_topic", "run with a bad topic name");
+    // A TTL of 16 digits made every deduct fail BADARG at run time; now
+    // refused at start (`check` with nothing reachable: the old code failed
+    // there too, but not on the key).
+    let o = deductor(
+        &env(&[
+            ("DEDUCTOR_KAFKA_BROKERS", "127.0.0.1:1"),
+            ("DEDUCTOR_REDIS_URL", "redis://127.0.0.1:1"),
+        ]),
+        &["check", "--set", "redis.record_ttl_secs=9999999999999999"],
+    )
+    .await;
+    assert_one_line_error(&o, "redis.record_ttl_secs", "check with a 16-digit TTL");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
