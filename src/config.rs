@@ -21,7 +21,9 @@ const ENV_PREFIX: &str = "DEDUCTOR_";
 /// window and far below what Redis and the scripts can take.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
-const SECTIONS: [&str; 6] = ["kafka", "redis", "pipeline", "retry", "http", "log"];
+const SECTIONS: [&str; 7] = [
+    "kafka", "redis", "pipeline", "retry", "http", "log", "tracing",
+];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +34,7 @@ pub struct Settings {
     pub retry: RetrySettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    pub tracing: TracingSettings,
 }
 
 #[derive(Clone, Serialize, Deserialize, PartialEq)]
@@ -44,6 +47,8 @@ pub struct KafkaSettings {
     pub dlq_topic: String,
     pub group_instance_id: String,
     pub produce_timeout_ms: u64,
+    /// Input record headers copied onto outcomes (e.g. `x-correlation-id`).
+    pub propagate_headers: Vec<String>,
     /// librdkafka properties for the consumer (SASL, TLS, tuning).
     pub consumer: BTreeMap<String, String>,
     /// librdkafka properties for the producer.
@@ -99,6 +104,16 @@ pub struct HttpSettings {
 pub struct LogSettings {
     pub format: LogFormat,
     pub level: String,
+}
+
+/// The spans of events: `traceparent` is always read and written; spans are
+/// exported over OTLP/HTTP only when `otlp_endpoint` is set.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSettings {
+    /// `http(s)://host:port` of an OTLP/HTTP collector; empty = no export.
+    pub otlp_endpoint: String,
+    pub service_name: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -252,6 +267,38 @@ impl Settings {
             }
         }
         let k = &self.kafka;
+        for h in &k.propagate_headers {
+            let reserved = h.eq_ignore_ascii_case("traceparent")
+                || h.eq_ignore_ascii_case("tracestate")
+                || h.eq_ignore_ascii_case("content-type")
+                || h.to_ascii_lowercase().starts_with("ce_")
+                || h.to_ascii_lowercase().starts_with("deductor.");
+            if h.trim().is_empty() || h.trim() != h || reserved {
+                return Err(bad(
+                    "kafka.propagate_headers",
+                    format!("{h:?} cannot be propagated"),
+                    "list header names without blanks, other than traceparent, tracestate, content-type, ce_* and deductor.*",
+                ));
+            }
+        }
+        let t = &self.tracing;
+        let exported = !t.otlp_endpoint.is_empty();
+        let is_http =
+            t.otlp_endpoint.starts_with("http://") || t.otlp_endpoint.starts_with("https://");
+        if exported && !is_http {
+            return Err(bad(
+                "tracing.otlp_endpoint",
+                format!("{:?} is not an http(s) URL", t.otlp_endpoint),
+                "set it to http://collector:4318 (OTLP/HTTP), or leave it empty to export nothing",
+            ));
+        }
+        if t.service_name.trim().is_empty() {
+            return Err(bad(
+                "tracing.service_name",
+                "is empty",
+                "set it to the name spans are reported under, e.g. deductor",
+            ));
+        }
         if k.brokers.trim().is_empty() {
             return Err(bad(
                 "kafka.brokers",
@@ -558,6 +605,14 @@ fn typed(section: &str, key: &str, v: &str) -> serde_json::Value {
     };
     let typed = match default_value(section, key) {
         Some(Value::String(_)) => None,
+        // A list: comma separated (`--set kafka.propagate_headers=a,b`).
+        Some(Value::Array(_)) => Some(Value::Array(
+            v.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(|x| Value::String(x.to_owned()))
+                .collect(),
+        )),
         Some(Value::Number(_)) => number(),
         Some(Value::Bool(_)) => boolean(),
         // Not a key of the defaults (refused by the extract, which names
@@ -747,6 +802,36 @@ mod tests {
             let e = load(&[], &[(key, value)]).unwrap_err().to_string();
             assert!(e.contains(key), "{key}={value}: {e}");
         }
+    }
+
+    #[test]
+    fn propagate_headers_is_a_list_from_files_env_and_flags() {
+        assert!(load(&[], &[]).unwrap().kafka.propagate_headers.is_empty());
+        let s = load(
+            &[],
+            &[("kafka.propagate_headers", "x-correlation-id, x-tenant")],
+        )
+        .unwrap();
+        assert_eq!(s.kafka.propagate_headers, ["x-correlation-id", "x-tenant"]);
+        let s = load(&[("DEDUCTOR_KAFKA_PROPAGATE_HEADERS", "x-a")], &[]).unwrap();
+        assert_eq!(s.kafka.propagate_headers, ["x-a"]);
+        for bad in ["traceparent", "ce_id", "deductor.error"] {
+            let e = load(&[], &[("kafka.propagate_headers", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("kafka.propagate_headers"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn otlp_endpoint_is_off_or_an_http_url() {
+        let s = load(&[], &[]).unwrap();
+        assert_eq!(s.tracing.otlp_endpoint, "");
+        assert!(load(&[], &[("tracing.otlp_endpoint", "http://c:4318")]).is_ok());
+        let e = load(&[], &[("tracing.otlp_endpoint", "c:4318")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tracing.otlp_endpoint"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub const ASSIGNED: &str = "deductor_assigned_partitions";
 pub const IN_FLIGHT: &str = "deductor_in_flight_events";
 pub const LAG: &str = "deductor_consumer_lag";
 pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
+pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
+pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
 
@@ -72,6 +74,15 @@ pub fn describe() {
         Unit::Seconds,
         "From the start of an event to its acknowledged outcome."
     );
+    describe_histogram!(
+        END_TO_END,
+        Unit::Seconds,
+        "From the input record's timestamp to its outcome or dead letter acknowledged."
+    );
+    describe_counter!(
+        REFUND_CUSTOMER_MISMATCH,
+        "Refund lines whose event named another customer than the deduction's (applied to the deduction's)."
+    );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
     describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
@@ -107,6 +118,25 @@ pub fn in_flight(n: usize) {
 
 pub fn event_duration(seconds: f64) {
     metrics::histogram!(EVENT_DURATION).record(seconds);
+}
+
+/// From the input record's timestamp (its producer's create time, or the
+/// broker's append time) to its outcome or dead letter acknowledged. A
+/// record without a timestamp, or one from the future (clock skew), is not
+/// recorded.
+pub fn end_to_end(record_timestamp_ms: Option<i64>) {
+    let Some(ts) = record_timestamp_ms else {
+        return;
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    if now >= ts {
+        metrics::histogram!(END_TO_END).record((now - ts) as f64 / 1000.0);
+    }
+}
+
+/// A refund named another customer than the one its deduction counted for.
+pub fn refund_customer_mismatch() {
+    counter!(REFUND_CUSTOMER_MISMATCH).increment(1);
 }
 
 pub fn consumer_lag(partition: i32, lag: i64) {

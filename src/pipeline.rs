@@ -33,11 +33,13 @@ use crate::domain::event::{self, Event, InvalidEvent};
 use crate::domain::outcome::{self, Outcome, Source};
 use crate::error::Disposition;
 use crate::kafka::consumer::{self as group, Assignment, GroupConsumer};
+use crate::kafka::headers::Incoming;
 use crate::kafka::offsets::Offsets;
-use crate::kafka::publisher::{DeadLetter, Publisher};
+use crate::kafka::publisher::{DeadLetter, Publisher, Trace};
 use crate::ledger::Ledger;
 use crate::metrics;
 use crate::retry::{retry, RetryError, RetryPolicy};
+use crate::telemetry::EventTracer;
 
 /// Liveness and readiness facts, shared with the HTTP endpoints.
 #[derive(Debug, Default)]
@@ -84,6 +86,9 @@ struct Processor {
     publisher: Publisher,
     policy: RetryPolicy,
     topic: String,
+    tracer: EventTracer,
+    /// `kafka.propagate_headers`.
+    propagate: Vec<String>,
 }
 
 impl Processor {
@@ -91,6 +96,7 @@ impl Processor {
         &self,
         msg: &OwnedMessage,
         parsed: &Result<Event, InvalidEvent>,
+        trace: Trace<'_>,
         stop: &CancellationToken,
     ) -> Result<(), Failure> {
         let source = Source {
@@ -107,6 +113,7 @@ impl Processor {
                     error: invalid,
                     source: &source,
                     timestamp_ms: msg.timestamp().to_millis(),
+                    trace,
                 };
                 self.kafka(stop, || self.publisher.send_dead_letter(&dl))
                     .await?;
@@ -115,6 +122,7 @@ impl Processor {
                     Some(o) => o,
                     None => {
                         metrics::event("invalid", "dead_letter");
+                        metrics::end_to_end(msg.timestamp().to_millis());
                         return Ok(());
                     }
                 }
@@ -128,8 +136,9 @@ impl Processor {
                 outcome::refunded(e, &d, &source, &now())
             }
         };
-        self.kafka(stop, || self.publisher.send_outcome(&outcome))
+        self.kafka(stop, || self.publisher.send_outcome(&outcome, &trace))
             .await?;
+        metrics::end_to_end(msg.timestamp().to_millis());
         record(parsed, &outcome);
         Ok(())
     }
@@ -310,10 +319,36 @@ impl Lane {
             offset = p.msg.offset(),
             order_id = p.order.as_deref().unwrap_or(""),
             event_id = match &p.parsed { Ok(e) => e.header().event_id.as_str(), Err(_) => "" },
+            trace_id = tracing::field::Empty,
         );
         async move {
             let started = Instant::now();
-            let result = processor.handle(&p.msg, &p.parsed, &stop).await;
+            // The event's span: a child of the producer's (traceparent), the
+            // parent of the outcome or dead letter.
+            let incoming = Incoming::read(p.msg.headers(), &processor.propagate);
+            let trace = processor.tracer.start(
+                &incoming,
+                &processor.topic,
+                p.msg.partition(),
+                p.msg.offset(),
+            );
+            tracing::Span::current().record("trace_id", trace.span.span.trace_id_hex());
+            let result = processor
+                .handle(
+                    &p.msg,
+                    &p.parsed,
+                    Trace {
+                        span: &trace.span,
+                        incoming: &incoming,
+                    },
+                    &stop,
+                )
+                .await;
+            match &result {
+                Ok(()) => trace.end("done", None),
+                Err(Failure::Cancelled) => trace.end("cancelled", None),
+                Err(Failure::Fatal(e)) => trace.end("failed", Some(&format!("{e:#}"))),
+            }
             if result.is_ok() {
                 metrics::event_duration(started.elapsed().as_secs_f64());
             }
@@ -502,11 +537,17 @@ pub async fn run_with_status(
     let queues = split_queues(&consumer, &settings.kafka.input_topic);
     tracing::info!(topic = %settings.kafka.input_topic, group = %settings.kafka.group_id, "consuming");
 
+    let tracer = EventTracer::new(&settings.tracing).context("tracing.otlp_endpoint")?;
+    if tracer.exporting() {
+        tracing::info!(endpoint = %settings.tracing.otlp_endpoint, "exporting event spans over OTLP/HTTP");
+    }
     let processor = Arc::new(Processor {
         ledger: ledger.clone(),
         publisher: publisher.clone(),
         policy: RetryPolicy::from(&settings.retry),
         topic: settings.kafka.input_topic.clone(),
+        tracer: tracer.clone(),
+        propagate: settings.kafka.propagate_headers.clone(),
     });
     let global = Arc::new(Semaphore::new(settings.pipeline.max_in_flight));
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
@@ -637,6 +678,8 @@ pub async fn run_with_status(
     if let Err(e) = publisher.flush(Duration::from_secs(5)) {
         tracing::warn!(error = %e, "producer flush at shutdown");
     }
+    // The exporter's thread blocks on its last export: off the runtime.
+    let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     consumer.unsubscribe();
     drop(consumer);
     ledger.quit().await;

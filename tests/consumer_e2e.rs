@@ -494,6 +494,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
             payload: c.payload.clone(),
             partition: Some(0),
             timestamp: Some(ts + i as i64),
+            ..Raw::default()
         })
         .collect();
     let valid = placed(
@@ -507,6 +508,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
         payload: Some(serde_json::to_vec(&valid).unwrap()),
         partition: Some(0),
         timestamp: None,
+        ..Raw::default()
     });
     let at = kafka::produce_raw(&f.topics.input, &raws).await;
 
@@ -764,5 +766,192 @@ async fn graceful_shutdown_commits_what_was_done_and_reprocesses_nothing() {
     );
     kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 3, Duration::from_secs(10))
         .await;
+    f.cleanup().await;
+}
+
+/// Trace context and correlation (issue 15): an input record's
+/// `traceparent` is continued (same trace, the event's own span) on the
+/// outcome and on the dead letter; allow-listed headers are copied onto the
+/// outcome; a dead letter keeps every header of the original record;
+/// outcomes carry `content-type` and the CloudEvents binary-mode attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_and_correlation_ids_reach_outcomes_and_dead_letters() {
+    let f = Fixture::new("trace", 1).await;
+    let ledger = f.ledger().await;
+    f.promo(
+        &ledger,
+        "tp",
+        PromoSpec {
+            stock: Some(10),
+            ..PromoSpec::default()
+        },
+    )
+    .await;
+    const T1: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const T2: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let h = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let event = placed(
+        "e-tr",
+        "o-tr",
+        "c-tr",
+        json!([{"promotion_id": "tp", "stock": 1}]),
+    );
+    kafka::produce_raw(
+        &f.topics.input,
+        &[
+            Raw {
+                key: Some(b"o-tr".to_vec()),
+                payload: Some(serde_json::to_vec(&event).unwrap()),
+                partition: Some(0),
+                headers: h(&[
+                    ("traceparent", T1),
+                    ("tracestate", "vendor=1"),
+                    ("x-correlation-id", "corr-1"),
+                    ("x-tenant", "t-1"),
+                    ("x-private", "not-copied"),
+                ]),
+                ..Raw::default()
+            },
+            Raw {
+                key: Some(b"o-bad".to_vec()),
+                payload: Some(b"{not json".to_vec()),
+                partition: Some(0),
+                headers: h(&[
+                    ("traceparent", T2),
+                    ("x-correlation-id", "corr-2"),
+                    ("x-private", "kept"),
+                ]),
+                ..Raw::default()
+            },
+        ],
+    )
+    .await;
+    // A list setting, comma separated as --set and the environment give it.
+    let svc =
+        service::start(f.settings(&[("kafka.propagate_headers", "x-correlation-id, x-tenant")]));
+    let outcomes = kafka::read_n(&f.topics.outcome, 1, WAIT).await;
+    let dlq = kafka::read_n(&f.topics.dlq, 1, WAIT).await;
+    let (result, _) = svc.stop(Duration::from_secs(30)).await;
+    result.expect("run returns Ok");
+
+    let o = &outcomes[0];
+    let body = o.json();
+    let hd = &o.headers;
+    assert_eq!(body["type"], "DeductAccepted", "{body}");
+    let span_of = |tp: &str| tp.split('-').nth(2).unwrap_or_default().to_owned();
+    let trace_of = |tp: &str| tp.split('-').nth(1).unwrap_or_default().to_owned();
+    let tp = &hd["traceparent"];
+    assert_eq!(trace_of(tp), trace_of(T1), "same trace: {tp}");
+    assert_ne!(span_of(tp), span_of(T1), "the event's own span: {tp}");
+    assert_eq!(hd["tracestate"], "vendor=1");
+    assert_eq!(hd["x-correlation-id"], "corr-1");
+    assert_eq!(hd["x-tenant"], "t-1");
+    assert!(!hd.contains_key("x-private"), "not allow-listed: {hd:?}");
+    assert_eq!(hd["content-type"], "application/json");
+    assert_eq!(hd["ce_specversion"], "1.0");
+    assert_eq!(hd["ce_id"], body["outcome_id"].as_str().unwrap());
+    assert_eq!(hd["ce_type"], "DeductAccepted");
+    assert_eq!(hd["ce_subject"], "o-tr");
+    assert_eq!(hd["ce_time"], body["processed_at"].as_str().unwrap());
+    assert_eq!(hd["ce_source"], format!("/deductor/{}", f.topics.group));
+
+    let d = &dlq[0];
+    let hd = &d.headers;
+    let tp = &hd["traceparent"];
+    assert_eq!(trace_of(tp), trace_of(T2), "same trace: {tp}");
+    assert_ne!(span_of(tp), span_of(T2), "the event's own span: {tp}");
+    assert_eq!(hd["x-correlation-id"], "corr-2", "original headers kept");
+    assert_eq!(hd["x-private"], "kept", "every original header kept");
+    assert_eq!(hd["deductor.error.kind"], "not_json", "{hd:?}");
+    assert_eq!(d.payload.as_deref(), Some(b"{not json".as_slice()));
+    f.cleanup().await;
+}
+
+/// With `tracing.otlp_endpoint` set, the event's span is exported over
+/// OTLP/HTTP (protobuf) to the collector, in the input record's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_spans_are_exported_over_otlp_when_configured() {
+    use std::io::{Read, Write};
+    // A stand-in collector: answers 200 to every request, keeps what it got.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut req = Vec::new();
+            let mut buf = [0u8; 65536];
+            // Read the head, then as many body bytes as Content-Length says.
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+                let text = String::from_utf8_lossy(&req).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if req.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            sink.lock().unwrap().push(req);
+        }
+    });
+
+    let f = Fixture::new("otlp", 1).await;
+    let ledger = f.ledger().await;
+    f.promo(&ledger, "ot", PromoSpec::default()).await;
+    const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let event = placed("e-ot", "o-ot", "c-ot", json!([{"promotion_id": "ot"}]));
+    kafka::produce_raw(
+        &f.topics.input,
+        &[Raw {
+            key: Some(b"o-ot".to_vec()),
+            payload: Some(serde_json::to_vec(&event).unwrap()),
+            headers: vec![("traceparent".into(), TP.into())],
+            ..Raw::default()
+        }],
+    )
+    .await;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let svc = service::start(f.settings(&[("tracing.otlp_endpoint", endpoint.as_str())]));
+    kafka::read_n(&f.topics.outcome, 1, WAIT).await;
+    // Shutdown flushes the exporter's batch.
+    let (result, _) = svc.stop(Duration::from_secs(30)).await;
+    result.expect("run returns Ok");
+
+    let trace_id: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&TP[3 + 2 * i..5 + 2 * i], 16).unwrap())
+        .collect();
+    let requests = got.lock().unwrap().clone();
+    let found = requests.iter().any(|r| {
+        let head = String::from_utf8_lossy(r).to_ascii_lowercase();
+        head.starts_with("post /v1/traces")
+            && head.contains("content-type: application/x-protobuf")
+            && r.windows(16).any(|w| w == trace_id.as_slice())
+    });
+    assert!(
+        found,
+        "no OTLP export of the input's trace among {} request(s): {:?}",
+        requests.len(),
+        requests
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r[..r.len().min(200)]).into_owned())
+            .collect::<Vec<_>>()
+    );
     f.cleanup().await;
 }

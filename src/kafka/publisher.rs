@@ -10,7 +10,7 @@ use std::time::Duration;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::Header;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use tokio::sync::Notify;
@@ -19,6 +19,7 @@ use crate::config::KafkaSettings;
 use crate::domain::event::{InvalidEvent, MAX_EVENT_BYTES};
 use crate::domain::outcome::{Outcome, Source};
 use crate::error::Disposition;
+use crate::kafka::headers::{self, EventSpan, Incoming};
 
 /// A failed send, classified.
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +155,8 @@ pub struct DeadLetter<'a> {
     pub source: &'a Source,
     /// The source record's timestamp in milliseconds, if it had one.
     pub timestamp_ms: Option<i64>,
+    /// The source record's headers and the event's span: kept on the dead letter.
+    pub trace: Trace<'a>,
 }
 
 #[derive(Clone)]
@@ -163,7 +166,15 @@ pub struct Publisher {
     outcome_topic: String,
     dlq_topic: String,
     group_id: String,
+    ce_source: String,
     timeout: Duration,
+}
+
+/// The trace context of one event, for the headers of what it produces.
+#[derive(Debug, Clone, Copy)]
+pub struct Trace<'a> {
+    pub span: &'a EventSpan,
+    pub incoming: &'a Incoming,
 }
 
 impl Publisher {
@@ -178,17 +189,25 @@ impl Publisher {
             outcome_topic: k.outcome_topic.clone(),
             dlq_topic: k.dlq_topic.clone(),
             group_id: k.group_id.clone(),
+            ce_source: headers::ce_source(&k.group_id),
             // librdkafka fails the record after message.timeout.ms; this only
             // bounds the wait for room in the local queue.
             timeout: Duration::from_millis(k.produce_timeout_ms),
         })
     }
 
-    /// Sends an outcome, keyed by `order_id`, and waits for the ack.
-    pub async fn send_outcome(&self, o: &Outcome) -> Result<(), PublishError> {
+    /// Sends an outcome, keyed by `order_id`, with its headers
+    /// ([`headers::outcome`]), and waits for the ack.
+    pub async fn send_outcome(&self, o: &Outcome, trace: &Trace<'_>) -> Result<(), PublishError> {
         let record = FutureRecord::to(&self.outcome_topic)
             .key(o.order_id.as_bytes())
-            .payload(o.to_bytes());
+            .payload(o.to_bytes())
+            .headers(headers::outcome(
+                o,
+                &self.ce_source,
+                trace.span,
+                trace.incoming,
+            ));
         self.producer
             .send(record, Timeout::After(self.timeout))
             .await
@@ -253,7 +272,7 @@ impl Publisher {
         // shared a batch with a large one is sent whole again.
         let truncate = truncate && key_size.max(value_size) > TRUNCATED_BYTES;
         let (value_size_text, key_size_text) = (value_size.to_string(), key_size.to_string());
-        let mut headers = OwnedHeaders::new_with_capacity(10)
+        let mut headers = headers::dead_letter(d.trace.span, d.trace.incoming)
             .insert(header("deductor.error", &reason))
             .insert(header("deductor.error.kind", d.error.kind.as_str()))
             .insert(header("deductor.source.topic", &d.source.topic))

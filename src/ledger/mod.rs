@@ -369,7 +369,7 @@ impl Ledger {
                         stored = %stored,
                         "refund names another customer than the deduction; applied to the deduction's customer"
                     );
-                    metrics::counter!("deductor_refund_customer_mismatch_total").increment(1);
+                    crate::metrics::refund_customer_mismatch();
                     customer = stored;
                 }
             }

@@ -236,6 +236,8 @@ pub struct Raw {
     pub partition: Option<i32>,
     /// Explicit timestamp in ms (None: the producer's clock).
     pub timestamp: Option<i64>,
+    /// Record headers, in order.
+    pub headers: Vec<(String, String)>,
 }
 
 /// Produces `records` in order (all in flight at once, acks awaited);
@@ -259,6 +261,16 @@ pub async fn produce_raw_with(p: &FutureProducer, topic: &str, records: &[Raw]) 
         }
         if let Some(ts) = r.timestamp {
             rec = rec.timestamp(ts);
+        }
+        if !r.headers.is_empty() {
+            let mut h = rdkafka::message::OwnedHeaders::new();
+            for (k, v) in &r.headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            rec = rec.headers(h);
         }
         p.send(rec, Duration::from_secs(30))
     });

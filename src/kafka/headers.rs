@@ -1,0 +1,362 @@
+//! Record headers: what deductor reads from an input record (W3C trace
+//! context, the allow-listed correlation headers) and what it writes on the
+//! records it produces (CloudEvents binary-mode attributes on outcomes, the
+//! original headers on dead letters, `traceparent` on both). Pure: built
+//! apart from sending, unit-tested here.
+//!
+//! Trace context (<https://www.w3.org/TR/trace-context/>): an input record's
+//! `traceparent` makes the event's span a child of the producer's span; the
+//! event's span (a new span id, same trace id; a new trace when there is no
+//! valid `traceparent`) is the parent written on the outcome or dead letter.
+
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+
+use crate::domain::outcome::Outcome;
+
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+pub const CONTENT_TYPE: &str = "content-type";
+/// The CloudEvents spec version of the `ce_*` headers.
+pub const CE_SPECVERSION: &str = "1.0";
+
+/// A parsed `traceparent`: 32 and 16 lowercase hex digits, and the flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanRef {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub flags: u8,
+}
+
+impl SpanRef {
+    /// Parses version 00 (and, as the spec asks, the first four fields of a
+    /// later version); `None` for anything malformed or all-zero ids.
+    pub fn parse(v: &str) -> Option<SpanRef> {
+        let mut parts = v.trim().split('-');
+        let version = parts.next()?;
+        let trace = parts.next()?;
+        let span = parts.next()?;
+        let flags = parts.next()?;
+        let rest = parts.next();
+        if version.len() != 2 || version == "ff" || !is_hex(version) {
+            return None;
+        }
+        if version == "00" && rest.is_some() {
+            return None;
+        }
+        let trace_id: [u8; 16] = hex_bytes(trace)?;
+        let span_id: [u8; 8] = hex_bytes(span)?;
+        let [flags]: [u8; 1] = hex_bytes(flags)?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(SpanRef {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+
+    /// The `traceparent` header value (version 00).
+    pub fn header(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            hex(&self.trace_id),
+            hex(&self.span_id),
+            self.flags
+        )
+    }
+
+    pub fn trace_id_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    pub fn span_id_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+}
+
+fn is_hex(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn hex_bytes<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !is_hex(s) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+pub fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+/// What deductor takes from an input record's headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Incoming {
+    /// The producer's span, when the record carried a valid `traceparent`.
+    pub parent: Option<SpanRef>,
+    pub tracestate: Option<String>,
+    /// Allow-listed headers (`kafka.propagate_headers`), in record order.
+    pub propagated: Vec<(String, Vec<u8>)>,
+    /// Every header of the record, for the dead letter.
+    pub all: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Incoming {
+    /// Reads the headers of an input record. Header names are compared
+    /// case-insensitively (HTTP habit; Kafka's are case-sensitive bytes).
+    pub fn read<H: Headers>(headers: Option<&H>, allow: &[String]) -> Incoming {
+        let mut inc = Incoming::default();
+        let Some(headers) = headers else { return inc };
+        for h in headers.iter() {
+            let value = h.value.map(<[u8]>::to_vec);
+            let text = h.value.and_then(|v| std::str::from_utf8(v).ok());
+            if h.key.eq_ignore_ascii_case(TRACEPARENT) {
+                inc.parent = text.and_then(SpanRef::parse);
+            } else if h.key.eq_ignore_ascii_case(TRACESTATE) {
+                inc.tracestate = text.map(str::to_owned);
+            } else if let Some(v) = &value {
+                if allow.iter().any(|a| a.eq_ignore_ascii_case(h.key)) {
+                    inc.propagated.push((h.key.to_owned(), v.clone()));
+                }
+            }
+            inc.all.push((h.key.to_owned(), value));
+        }
+        inc
+    }
+}
+
+/// The span of one event: a child of the producer's span when there was
+/// one. Its ids are what deductor writes as `traceparent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventSpan {
+    pub span: SpanRef,
+    pub parent: Option<SpanRef>,
+}
+
+impl EventSpan {
+    /// `trace_id` and `span_id` are fresh random ids for a new trace and for
+    /// this span; the parent's trace id wins when there is a parent.
+    pub fn new(parent: Option<SpanRef>, trace_id: [u8; 16], span_id: [u8; 8]) -> EventSpan {
+        let span = match parent {
+            Some(p) => SpanRef {
+                trace_id: p.trace_id,
+                span_id,
+                flags: p.flags,
+            },
+            None => SpanRef {
+                trace_id,
+                span_id,
+                flags: 0x01,
+            },
+        };
+        EventSpan { span, parent }
+    }
+}
+
+fn push(h: OwnedHeaders, key: &str, value: &[u8]) -> OwnedHeaders {
+    h.insert(Header {
+        key,
+        value: Some(value),
+    })
+}
+
+/// The trace context and the allow-listed headers of the input record.
+fn common(mut h: OwnedHeaders, span: &EventSpan, inc: &Incoming) -> OwnedHeaders {
+    h = push(h, TRACEPARENT, span.span.header().as_bytes());
+    if let Some(state) = &inc.tracestate {
+        h = push(h, TRACESTATE, state.as_bytes());
+    }
+    for (k, v) in &inc.propagated {
+        h = push(h, k, v);
+    }
+    h
+}
+
+/// The headers of an outcome: `content-type`, the CloudEvents binary-mode
+/// attributes (`ce_id` = outcome_id, `ce_type` = the outcome type,
+/// `ce_subject` = order_id, `ce_time` = processed_at), `traceparent` (and
+/// `tracestate`), then the allow-listed headers of the input record.
+pub fn outcome(o: &Outcome, ce_source: &str, span: &EventSpan, inc: &Incoming) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new_with_capacity(8 + inc.propagated.len());
+    h = push(h, CONTENT_TYPE, b"application/json");
+    h = push(h, "ce_specversion", CE_SPECVERSION.as_bytes());
+    h = push(h, "ce_id", o.outcome_id.as_bytes());
+    h = push(h, "ce_type", o.kind.as_str().as_bytes());
+    h = push(h, "ce_source", ce_source.as_bytes());
+    h = push(h, "ce_subject", o.order_id.as_bytes());
+    h = push(h, "ce_time", o.processed_at.as_bytes());
+    common(h, span, inc)
+}
+
+/// The original record's headers first (less its trace context, which the
+/// event's span replaces), then `traceparent`; the caller adds the
+/// `deductor.*` headers after these.
+pub fn dead_letter(span: &EventSpan, inc: &Incoming) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new_with_capacity(inc.all.len() + 12);
+    for (k, v) in &inc.all {
+        if k.eq_ignore_ascii_case(TRACEPARENT) || k.eq_ignore_ascii_case(TRACESTATE) {
+            continue;
+        }
+        h = h.insert(Header {
+            key: k.as_str(),
+            value: v.as_deref(),
+        });
+    }
+    h = push(h, TRACEPARENT, span.span.header().as_bytes());
+    if let Some(state) = &inc.tracestate {
+        h = push(h, TRACESTATE, state.as_bytes());
+    }
+    h
+}
+
+/// The CloudEvents `ce_source` of this consumer group's outcomes.
+pub fn ce_source(group_id: &str) -> String {
+    format!("/deductor/{group_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::outcome::OutcomeType;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn get(h: &OwnedHeaders, key: &str) -> Vec<String> {
+        h.iter()
+            .filter(|x| x.key == key)
+            .map(|x| String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn traceparent_round_trips_and_refuses_malformed_values() {
+        let s = SpanRef::parse(TP).unwrap();
+        assert_eq!(s.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(s.span_id_hex(), "00f067aa0ba902b7");
+        assert_eq!(s.flags, 1);
+        assert_eq!(s.header(), TP);
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(SpanRef::parse(bad), None, "{bad}");
+        }
+        // A later version may carry more fields.
+        assert!(SpanRef::parse(&format!("01{}-extra", &TP[2..])).is_some());
+    }
+
+    #[test]
+    fn the_event_span_continues_the_producers_trace() {
+        let parent = SpanRef::parse(TP).unwrap();
+        let span = EventSpan::new(Some(parent), [7; 16], [9; 8]);
+        assert_eq!(span.span.trace_id, parent.trace_id);
+        assert_eq!(span.span.span_id, [9; 8]);
+        let fresh = EventSpan::new(None, [7; 16], [9; 8]);
+        assert_eq!(fresh.span.trace_id, [7; 16]);
+        assert_eq!(fresh.span.flags, 1);
+    }
+
+    #[test]
+    fn incoming_reads_trace_context_and_allow_listed_headers() {
+        let h = OwnedHeaders::new()
+            .insert(Header {
+                key: "TraceParent",
+                value: Some(TP.as_bytes()),
+            })
+            .insert(Header {
+                key: "tracestate",
+                value: Some(b"k=v".as_slice()),
+            })
+            .insert(Header {
+                key: "x-correlation-id",
+                value: Some(b"corr-1".as_slice()),
+            })
+            .insert(Header {
+                key: "x-other",
+                value: Some(b"no".as_slice()),
+            });
+        let inc = Incoming::read(Some(&h), &["X-Correlation-Id".to_owned()]);
+        assert_eq!(inc.parent, SpanRef::parse(TP));
+        assert_eq!(inc.tracestate.as_deref(), Some("k=v"));
+        assert_eq!(
+            inc.propagated,
+            vec![("x-correlation-id".to_owned(), b"corr-1".to_vec())]
+        );
+        assert_eq!(inc.all.len(), 4);
+        assert_eq!(
+            Incoming::read::<OwnedHeaders>(None, &[]),
+            Incoming::default()
+        );
+    }
+
+    #[test]
+    fn outcome_headers_carry_cloudevents_and_the_trace() {
+        let o = Outcome {
+            kind: OutcomeType::DeductAccepted,
+            order_id: "o-1".into(),
+            outcome_id: "e-1:DeductAccepted".into(),
+            reason: None,
+            processed_at: "2026-11-30T10:00:00.000Z".into(),
+            payload: b"{}".to_vec(),
+        };
+        let inc = Incoming {
+            parent: SpanRef::parse(TP),
+            tracestate: Some("k=v".into()),
+            propagated: vec![("x-correlation-id".into(), b"c".to_vec())],
+            all: vec![],
+        };
+        let span = EventSpan::new(inc.parent, [1; 16], [2; 8]);
+        let h = outcome(&o, &ce_source("g"), &span, &inc);
+        assert_eq!(get(&h, "content-type"), ["application/json"]);
+        assert_eq!(get(&h, "ce_specversion"), ["1.0"]);
+        assert_eq!(get(&h, "ce_id"), ["e-1:DeductAccepted"]);
+        assert_eq!(get(&h, "ce_type"), ["DeductAccepted"]);
+        assert_eq!(get(&h, "ce_source"), ["/deductor/g"]);
+        assert_eq!(get(&h, "ce_subject"), ["o-1"]);
+        assert_eq!(get(&h, "ce_time"), ["2026-11-30T10:00:00.000Z"]);
+        assert_eq!(
+            get(&h, "traceparent"),
+            ["00-4bf92f3577b34da6a3ce929d0e0e4736-0202020202020202-01"]
+        );
+        assert_eq!(get(&h, "tracestate"), ["k=v"]);
+        assert_eq!(get(&h, "x-correlation-id"), ["c"]);
+    }
+
+    #[test]
+    fn dead_letters_keep_the_original_headers_and_replace_the_trace() {
+        let inc = Incoming {
+            parent: SpanRef::parse(TP),
+            tracestate: None,
+            propagated: vec![],
+            all: vec![
+                ("traceparent".into(), Some(TP.as_bytes().to_vec())),
+                ("x-any".into(), Some(b"1".to_vec())),
+                ("x-null".into(), None),
+            ],
+        };
+        let span = EventSpan::new(inc.parent, [1; 16], [3; 8]);
+        let h = dead_letter(&span, &inc);
+        assert_eq!(get(&h, "x-any"), ["1"]);
+        assert_eq!(h.iter().filter(|x| x.key == "x-null").count(), 1);
+        assert_eq!(
+            get(&h, "traceparent"),
+            ["00-4bf92f3577b34da6a3ce929d0e0e4736-0303030303030303-01"]
+        );
+    }
+}
