@@ -1,22 +1,113 @@
-//! What each subcommand does, on top of the library.
+//! What each subcommand does, on top of the library, and the exit code of
+//! an error ([`exit_code`]).
 
 use std::io::BufReader;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::admin::{self, PromoSpec};
-use crate::cli::{Command, PromoCommand};
-use crate::config::Settings;
+use crate::admin::promo::{self as promos, Adjustment, Change};
+use crate::admin::{self, AdminError, PromoSpec};
+use crate::cli::{Command, Limit, PromoCommand};
+use crate::config::{ConfigError, Settings};
 use crate::domain::event::Id;
-use crate::ledger::Ledger;
+use crate::ledger::{ErrorClass, Ledger, LedgerError};
 use crate::ops::http;
 use crate::pipeline::{self, Status};
 use crate::shutdown;
 
-fn promotion_id(s: &str) -> anyhow::Result<Id> {
-    Id::parse(s).map_err(|rule| anyhow::anyhow!("promotion id {s:?}: {rule}"))
+/// Exit code: a check failed, a breach was found, or the command was
+/// refused or failed.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code: a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: a dependency (Kafka or Redis) could not be reached.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+/// The command line asked for something malformed (an invalid id, a bad
+/// combination of flags): exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Kafka or Redis could not be reached: exit 3.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(pub String);
+
+/// The exit code of a failed command, from the kinds of the errors in its
+/// chain (never from message text): usage and configuration errors 2,
+/// unreachable dependencies 3, anything else 1.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<UsageError>() || cause.is::<ConfigError>() {
+            return EXIT_USAGE;
+        }
+        if cause.is::<Unreachable>() {
+            return EXIT_UNREACHABLE;
+        }
+        // AdminError::Ledger is transparent: its LedgerError is not a
+        // separate link of the chain.
+        let ledger = match cause.downcast_ref::<AdminError>() {
+            Some(AdminError::Invalid(_)) => return EXIT_USAGE,
+            Some(AdminError::Ledger(l)) => Some(l),
+            _ => cause.downcast_ref::<LedgerError>(),
+        };
+        if let Some(code) = ledger.and_then(redis_exit_code) {
+            return code;
+        }
+        if cause
+            .downcast_ref::<KafkaError>()
+            .is_some_and(kafka_unreachable)
+        {
+            return EXIT_UNREACHABLE;
+        }
+    }
+    EXIT_FAILED
+}
+
+fn redis_exit_code(e: &LedgerError) -> Option<u8> {
+    match e.class() {
+        ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster => {
+            Some(EXIT_UNREACHABLE)
+        }
+        // Wrong credentials, URL or TLS settings: fix the configuration.
+        ErrorClass::Auth | ErrorClass::Config => Some(EXIT_USAGE),
+        _ => None,
+    }
+}
+
+/// Kafka errors that mean the brokers could not be reached (in time).
+pub fn kafka_unreachable(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::Resolve
+                | C::MessageTimedOut
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+                | C::NetworkException
+                | C::BrokerNotAvailable
+                | C::LeaderNotAvailable
+        )
+    )
+}
+
+pub(crate) fn promotion_id(s: &str) -> anyhow::Result<Id> {
+    Id::parse(s).map_err(|rule| UsageError(format!("promotion id {s:?}: {rule}")).into())
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Ledger> {
+    Ledger::connect(&settings.redis).await.context("redis")
+}
+
+pub(crate) fn print_json(v: &serde_json::Value) {
+    println!("{v:#}");
 }
 
 pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
@@ -25,40 +116,12 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             run(settings).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check => Ok(if crate::ops::check::run(&settings).await {
+        Command::Check(_) => Ok(if crate::ops::check::run(&settings).await {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         }),
-        Command::Promo(PromoCommand::Set(a)) => {
-            let p = promotion_id(&a.promotion)?;
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
-            let spec = PromoSpec {
-                budget: a.budget,
-                stock: a.stock,
-                per_customer: a.per_customer,
-                starts_at: a.starts_at,
-                ends_at: a.ends_at,
-                paused: a.paused,
-            };
-            let result = admin::promo_set(&ledger, &p, spec, a.force).await?;
-            println!("promotion {p} {result}");
-            if let Some(view) = admin::promo_show(&ledger, &p).await? {
-                println!("{view}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Promo(PromoCommand::Show { promotion }) => {
-            let p = promotion_id(&promotion)?;
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
-            match admin::promo_show(&ledger, &p).await? {
-                Some(view) => {
-                    println!("{view}");
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => anyhow::bail!("promotion {p} does not exist"),
-            }
-        }
+        Command::Promo(c) => promo(c, &settings).await,
         Command::Publish(a) => {
             let topic = a
                 .topic
@@ -83,7 +146,7 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::SUCCESS)
         }
         Command::Audit(a) => {
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
+            let ledger = connect(&settings).await?;
             let ids = a
                 .promotions
                 .iter()
@@ -101,6 +164,112 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
+    match command {
+        PromoCommand::Set(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let spec = PromoSpec {
+                budget: a.budget,
+                stock: a.stock,
+                per_customer: a.per_customer,
+                starts_at: a.starts_at,
+                ends_at: a.ends_at,
+                paused: a.paused,
+            };
+            if a.force && !a.discard_outstanding {
+                promos::guard_replace(&ledger, &p).await?;
+            }
+            let result = admin::promo_set(&ledger, &p, spec, a.force).await?;
+            println!("promotion {p} {result}");
+            if let Some(view) = admin::promo_show(&ledger, &p).await? {
+                println!("{view}");
+            }
+        }
+        PromoCommand::Show { promotion, output } => {
+            let p = promotion_id(&promotion)?;
+            let ledger = connect(settings).await?;
+            match admin::promo_show(&ledger, &p).await? {
+                Some(view) if output.json() => print_json(&view.to_json()),
+                Some(view) => println!("{view}"),
+                None => return Err(AdminError::NotFound(p).into()),
+            }
+        }
+        PromoCommand::List(a) => {
+            let after = a.after.as_deref().map(promotion_id).transpose()?;
+            let ledger = connect(settings).await?;
+            let page = promos::list(&ledger, after.as_ref(), a.limit).await?;
+            if a.output.json() {
+                let items: Vec<_> = page.iter().map(promos::Listed::to_json).collect();
+                print_json(&serde_json::Value::Array(items));
+            } else {
+                for item in &page {
+                    println!("{}", item.line());
+                }
+                let full = a.limit.is_some_and(|n| page.len() == n);
+                match page.last() {
+                    Some(last) if full => println!(
+                        "{} promotions; next page: promo list --after {}",
+                        page.len(),
+                        last.promotion_id
+                    ),
+                    _ => println!("{} promotions", page.len()),
+                }
+            }
+        }
+        PromoCommand::Pause { promotion } => set_paused(settings, &promotion, true).await?,
+        PromoCommand::Resume { promotion } => set_paused(settings, &promotion, false).await?,
+        PromoCommand::Adjust(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let adj = Adjustment {
+                budget: a.budget,
+                stock: a.stock,
+            };
+            let now = promos::adjust(&ledger, &p, adj).await?;
+            println!("promotion {p} adjusted: {now}");
+        }
+        PromoCommand::Limit(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let want = match a.per_customer {
+                Limit::None => None,
+                Limit::Orders(n) => Some(n),
+            };
+            let (change, previous) = promos::limit(&ledger, &p, want).await?;
+            let words =
+                |n: Option<u64>| n.map_or("no limit".to_owned(), |n| format!("{n} per customer"));
+            match change {
+                Change::Changed => println!(
+                    "promotion {p}: {} (was {}); it counts the orders placed from now on",
+                    words(want),
+                    words(previous)
+                ),
+                Change::Unchanged => println!("promotion {p}: already {}", words(want)),
+            }
+        }
+        PromoCommand::Delete { promotion, force } => {
+            let p = promotion_id(&promotion)?;
+            let ledger = connect(settings).await?;
+            promos::delete(&ledger, &p, force).await?;
+            println!("promotion {p} deleted");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn set_paused(settings: &Settings, promotion: &str, paused: bool) -> anyhow::Result<()> {
+    let p = promotion_id(promotion)?;
+    let ledger = connect(settings).await?;
+    let change = promos::set_paused(&ledger, &p, paused).await?;
+    let state = if paused { "paused" } else { "active" };
+    match change {
+        Change::Changed => println!("promotion {p} {state}"),
+        Change::Unchanged => println!("promotion {p} was already {state}"),
+    }
+    Ok(())
 }
 
 /// `deductor run`: the service plus its HTTP endpoints, until SIGTERM.
