@@ -659,3 +659,123 @@ async fn promo_pause_resume_adjust_limit_list_and_delete_change_it_in_place() {
     let o = deductor(&down, &["promo", "show", "flash"]).await;
     assert_exit(&o, 3, "Redis unreachable");
 }
+
+/// Issue 11: `check --output json` and its warnings (a first start that
+/// would replay records; Redis without AOF and with an evicting policy), and
+/// the exit codes of `check` and `audit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_audit_speak_json_warn_and_exit_with_documented_codes() {
+    let f = Fixture::new("check-json", 2).await;
+    let events: Vec<serde_json::Value> = (0..3)
+        .map(|i| {
+            serde_json::json!({"type": "OrderPlaced", "event_id": format!("e{i}"),
+                "order_id": format!("o{i}"), "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
+                "lines": [{"promotion_id": "p"}]})
+        })
+        .collect();
+    kafka::produce_events(&f.topics.input, &events).await;
+    let o = deductor(&f.env(&[]), &["check", "--output", "json"]).await;
+    assert_exit(&o, 0, "check passes with a warning");
+    let v = json_of(&o);
+    assert_eq!(v["passed"], true, "{v:#}");
+    let checks = v["checks"].as_array().unwrap();
+    let offsets = checks
+        .iter()
+        .find(|c| c["name"] == "offsets")
+        .expect("an offsets check");
+    assert_eq!(offsets["status"], "warn", "{v:#}");
+    let detail = offsets["detail"].as_str().unwrap();
+    assert!(detail.contains("replays 3 record(s)"), "{detail}");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"] == "durability" && c["status"] == "ok"),
+        "the dev stack's Redis is durable: {v:#}"
+    );
+
+    // A Redis without AOF and with an evicting policy: a warning, exit 0.
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--maxmemory-policy", "allkeys-lru"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting redis-server");
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !service::listening(&addr) {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("redis://{addr}");
+    let o = deductor(&f.env(&[("redis.url", &url)]), &["check"]).await;
+    let _ = redis.kill();
+    let _ = redis.wait();
+    assert_exit(&o, 0, "check against a non-durable Redis");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("WARN  durability"))
+        .unwrap_or_else(|| panic!("a durability warning: {out}"));
+    assert!(
+        line.contains("AOF is off") && line.contains("allkeys-lru"),
+        "{line}"
+    );
+
+    // Failures: 3 when a dependency cannot be reached, 1 otherwise.
+    let o = deductor(&f.env(&[("redis.url", "redis://127.0.0.1:1")]), &["check"]).await;
+    assert_exit(&o, 3, "check with Redis unreachable");
+    let o = deductor(
+        &f.env(&[("kafka.input_topic", "t-no-such-topic-here")]),
+        &["check"],
+    )
+    .await;
+    assert_exit(&o, 1, "check with a missing topic");
+    let o = deductor(&f.env(&[]), &["check", "--output", "yaml"]).await;
+    assert_exit(&o, 2, "an unknown output format");
+
+    // audit --output json: a breach exits 1 and is named.
+    let r = common::redis::standalone().await;
+    r.seed(
+        "leaky",
+        &[
+            ("stock", "5"),
+            ("initial_stock", "10"),
+            ("status", "active"),
+        ],
+    )
+    .await;
+    assert_exit(
+        &admin(&r, &["promo", "set", "tidy", "--stock", "3"]).await,
+        0,
+        "promo set",
+    );
+    let o = admin(&r, &["audit", "--output", "json"]).await;
+    assert_exit(&o, 1, "audit finds the breach");
+    let v = json_of(&o);
+    assert_eq!(v["clean"], false, "{v:#}");
+    assert_eq!(v["audited"], 2, "{v:#}");
+    let leaky = &v["promotions"][0];
+    assert_eq!(leaky["promotion_id"], "leaky", "{v:#}");
+    assert_eq!(leaky["breaches"].as_array().unwrap().len(), 1, "{v:#}");
+    assert_eq!(
+        v["promotions"][1]["breaches"],
+        serde_json::json!([]),
+        "{v:#}"
+    );
+    let o = admin(&r, &["audit", "tidy", "--output", "json"]).await;
+    assert_exit(&o, 0, "audit of a clean promotion");
+    assert_eq!(json_of(&o)["clean"], true);
+    f.cleanup().await;
+}
