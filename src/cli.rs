@@ -96,6 +96,14 @@ pub enum Command {
     /// Create, show, list, pause, resume, adjust, limit or delete promotions.
     #[command(subcommand)]
     Promo(PromoCommand),
+    /// Show what the ledger holds for an order: its records, what they
+    /// hold, and their refund results.
+    #[command(subcommand)]
+    Order(OrderCommand),
+    /// Show what the ledger remembers of an event: placement decisions
+    /// (memos), refund results, and the records it touched.
+    #[command(subcommand)]
+    Event(EventCommand),
     /// Produce events from a JSON-lines file (or stdin), keyed by order_id.
     Publish(PublishArgs),
     /// Check the ledger invariant of every (or the named) promotion
@@ -152,6 +160,29 @@ pub enum PromoCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OrderCommand {
+    /// An order's records on each promotion (or on the one given).
+    Show(LookupArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventCommand {
+    /// An event's decisions and records on each promotion (or on the one given).
+    Show(LookupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LookupArgs {
+    /// The order (or event) id.
+    pub id: String,
+    /// Look only under this promotion (else SCAN every promotion's keys).
+    #[arg(long, value_name = "P")]
+    pub promotion: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

@@ -10,7 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::admin::promo::{self as promos, Adjustment, Change};
 use crate::admin::{self, AdminError, PromoSpec};
-use crate::cli::{Command, Limit, PromoCommand};
+use crate::cli::{Command, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand};
 use crate::config::{ConfigError, Settings};
 use crate::domain::event::Id;
 use crate::ledger::{ErrorClass, Ledger, LedgerError};
@@ -128,6 +128,8 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::from(report.exit_code()))
         }
         Command::Promo(c) => promo(c, &settings).await,
+        Command::Order(OrderCommand::Show(a)) => lookup(a, &settings, false).await,
+        Command::Event(EventCommand::Show(a)) => lookup(a, &settings, true).await,
         Command::Publish(a) => {
             let topic = a
                 .topic
@@ -280,6 +282,29 @@ async fn set_paused(settings: &Settings, promotion: &str, paused: bool) -> anyho
         Change::Unchanged => println!("promotion {p} was already {state}"),
     }
     Ok(())
+}
+
+/// `order show` (`event == false`) and `event show`.
+async fn lookup(a: LookupArgs, settings: &Settings, event: bool) -> anyhow::Result<ExitCode> {
+    use crate::admin::lookup;
+    let what = if event { "event" } else { "order" };
+    let id =
+        Id::parse(&a.id).map_err(|rule| UsageError(format!("{what} id {:?}: {rule}", a.id)))?;
+    let p = a.promotion.as_deref().map(promotion_id).transpose()?;
+    let ledger = connect(settings).await?;
+    let (json, words) = if event {
+        let v = lookup::event_show(&ledger, &id, p.as_ref()).await?;
+        (v.to_json(), v.words())
+    } else {
+        let v = lookup::order_show(&ledger, &id, p.as_ref()).await?;
+        (v.to_json(), v.words())
+    };
+    if a.output.json() {
+        print_json(&json);
+    } else {
+        print!("{words}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `audit --output json`: the figures and breaches `audit::audit_one`
