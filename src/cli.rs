@@ -104,6 +104,9 @@ pub enum Command {
     /// (memos), refund results, and the records it touched.
     #[command(subcommand)]
     Event(EventCommand),
+    /// List, show or replay (redrive) records of the dead-letter topic.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
     /// Produce events from a JSON-lines file (or stdin), keyed by order_id.
     Publish(PublishArgs),
     /// Check the ledger invariant of every (or the named) promotion
@@ -172,6 +175,87 @@ pub enum OrderCommand {
 pub enum EventCommand {
     /// An event's decisions and records on each promotion (or on the one given).
     Show(LookupArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// One line per dead letter: partition@offset, time, kind, key, error.
+    List(DlqListArgs),
+    /// One dead letter in full (headers, payload) and what the parser says now.
+    Show(DlqShowArgs),
+    /// Send dead letters back to the input topic (kafka.input_topic, and
+    /// nowhere else), key and headers kept, with deductor.redrive.*
+    /// provenance headers. Each record is run through the event parser
+    /// first: still-invalid ones are skipped unless --include-invalid.
+    Replay(DlqReplayArgs),
+}
+
+/// Which dead letters: all bounds optional and combined.
+#[derive(Debug, Clone, Args)]
+pub struct DlqFilterArgs {
+    /// Only records whose deductor.error.kind header is KIND (e.g. not_json).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only this partition of the dead-letter topic.
+    #[arg(long)]
+    pub partition: Option<i32>,
+    /// First offset (inclusive), in each partition read.
+    #[arg(long, value_name = "OFFSET")]
+    pub from_offset: Option<i64>,
+    /// Last offset (inclusive), in each partition read.
+    #[arg(long, value_name = "OFFSET")]
+    pub to_offset: Option<i64>,
+    /// Records at or after this time (unix seconds or RFC 3339).
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub since: Option<i64>,
+    /// Records at or before this time (unix seconds or RFC 3339).
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub until: Option<i64>,
+    /// At most N records (the first by partition and offset).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct DlqListArgs {
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DlqShowArgs {
+    /// Partition of the dead-letter topic.
+    #[arg(long)]
+    pub partition: i32,
+    /// Offset of the record.
+    #[arg(long)]
+    pub offset: i64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DlqReplayArgs {
+    #[command(flatten)]
+    pub filter: DlqFilterArgs,
+    /// Replay the whole topic (required when no filter is given).
+    #[arg(long)]
+    pub all: bool,
+    /// Parse and report each record; send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also send records the parser still refuses (they will be
+    /// dead-lettered again).
+    #[arg(long)]
+    pub include_invalid: bool,
+    /// Write deductor_dlq_redrives_total (Prometheus text format) to FILE,
+    /// e.g. for node_exporter's textfile collector.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

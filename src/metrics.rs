@@ -23,6 +23,7 @@ pub const LAG: &str = "deductor_consumer_lag";
 pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
+pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -74,6 +75,10 @@ pub fn describe() {
     );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
     describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
+    describe_counter!(
+        DLQ_REDRIVES,
+        "Dead letters handled by `deductor dlq replay`, by result (redriven, would_redrive, skipped, failed)."
+    );
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
@@ -83,6 +88,10 @@ pub fn event(event_type: &'static str, outcome: &'static str) {
 
 pub fn dead_letter(kind: &'static str) {
     counter!(DEAD_LETTERS, "kind" => kind).increment(1);
+}
+
+pub fn dlq_redrive(result: &'static str) {
+    counter!(DLQ_REDRIVES, "result" => result).increment(1);
 }
 
 pub fn retry(stage: &'static str) {

@@ -9,6 +9,7 @@
 //! limit, delete) and `promo list`; [`lookup`]: `order show` / `event show`;
 //! [`dlq`]: the dead-letter topic.
 
+pub mod dlq;
 pub mod lookup;
 pub mod promo;
 
