@@ -537,3 +537,42 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_the_documented_exit_codes() {
+        let usage: anyhow::Error = UsageError("promotion id \"a:b\"".into()).into();
+        assert_eq!(exit_code(&usage), EXIT_USAGE);
+        let invalid: anyhow::Error = AdminError::Invalid("budget".into()).into();
+        assert_eq!(exit_code(&invalid.context("promo set")), EXIT_USAGE);
+        let p = Id::parse("p").unwrap();
+        let refused: anyhow::Error = AdminError::NotFound(p).into();
+        assert_eq!(exit_code(&refused), EXIT_FAILED);
+        let down = LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::IO, "refused"),
+        );
+        let down: anyhow::Error = anyhow::Error::from(down).context("redis");
+        assert_eq!(exit_code(&down), EXIT_UNREACHABLE);
+        let wrapped: anyhow::Error = AdminError::Ledger(LedgerError::redis(
+            "hgetall",
+            fred::error::Error::new(fred::error::ErrorKind::Timeout, "slow"),
+        ))
+        .into();
+        assert_eq!(exit_code(&wrapped), EXIT_UNREACHABLE);
+        let auth = LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::Auth, "WRONGPASS"),
+        );
+        assert_eq!(exit_code(&auth.into()), EXIT_USAGE);
+        let kafka = KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown);
+        assert_eq!(
+            exit_code(&anyhow::Error::from(kafka).context("dlq")),
+            EXIT_UNREACHABLE
+        );
+        assert_eq!(exit_code(&anyhow::anyhow!("other")), EXIT_FAILED);
+    }
+}
