@@ -1305,3 +1305,95 @@ async fn live_changes_during_a_burst_lose_nothing_and_audit_stays_clean() {
     assert_eq!(json_of(&o)["clean"], true);
     f.cleanup().await;
 }
+
+/// The promo_* scripts validate before they write: a malformed argument
+/// (BADARG) or corrupt stored data (CORRUPT) is an error reply and nothing
+/// changes; `adjust` refuses both dimensions when one fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
+    use deductor::admin::promo::{self, Adjustment};
+    use deductor::admin::AdminError;
+    use deductor::ledger::scripts;
+    let r = common::redis::standalone().await;
+    let key = r.keys().promotion(&common::redis::id("p"));
+    r.seed(
+        "p",
+        &[
+            ("stock", "5"),
+            ("initial_stock", "9"),
+            ("budget", "10"),
+            ("initial_budget", "10"),
+        ],
+    )
+    .await;
+    let before = r.dump().await;
+    for (script, args) in [
+        (&scripts::PROMO_STATUS, vec!["stopped"]),
+        (&scripts::PROMO_ADJUST, vec!["", ""]),
+        (&scripts::PROMO_ADJUST, vec!["+1", ""]),
+        (&scripts::PROMO_ADJUST, vec!["-0", ""]),
+        (&scripts::PROMO_ADJUST, vec!["1e3", ""]),
+        (&scripts::PROMO_LIMIT, vec!["-1"]),
+        (&scripts::PROMO_LIMIT, vec!["01"]),
+        (&scripts::PROMO_DELETE, vec!["maybe"]),
+    ] {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let e = r
+            .eval(script.body, vec![key.clone()], args.clone())
+            .await
+            .expect_err("a BADARG error reply");
+        assert!(
+            e.details().starts_with("BADARG"),
+            "{} {args:?}: {e}",
+            script.name
+        );
+    }
+    // A refusal of one dimension writes neither.
+    let p = common::redis::id("p");
+    let e = promo::adjust(
+        &r.ledger,
+        &p,
+        Adjustment {
+            budget: Some(5),
+            stock: Some(-6),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, AdminError::Refused(_)), "{e}");
+    assert!(e.to_string().contains("below 0"), "{e}");
+    assert_eq!(r.dump().await, before, "nothing written");
+
+    // Corrupt data is named, not overwritten.
+    r.seed(
+        "p",
+        &[
+            ("stock", "5x"),
+            ("status", "sleeping"),
+            ("per_customer", "-1"),
+        ],
+    )
+    .await;
+    let before = r.dump().await;
+    for result in [
+        promo::adjust(
+            &r.ledger,
+            &p,
+            Adjustment {
+                budget: None,
+                stock: Some(1),
+            },
+        )
+        .await
+        .map(drop),
+        promo::set_paused(&r.ledger, &p, true).await.map(drop),
+        promo::limit(&r.ledger, &p, Some(2)).await.map(drop),
+    ] {
+        let e = result.unwrap_err();
+        assert!(e.to_string().contains("CORRUPT"), "{e}");
+    }
+    assert_eq!(r.dump().await, before, "nothing written");
+    // delete --force removes even a corrupt hash.
+    promo::delete(&r.ledger, &p, true).await.unwrap();
+    assert_eq!(r.promo_field("p", "stock").await, None);
+}
