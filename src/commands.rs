@@ -1,104 +1,29 @@
-//! What each subcommand does, on top of the library, and the exit code of
-//! an error ([`exit_code`]).
+//! What each subcommand does, on top of the library (`dlq` in the
+//! submodule of that name), and the exit code of an error ([`exit_code`]).
 
 use std::io::BufReader;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::admin::promo::{self as promos, Adjustment, Change};
 use crate::admin::{self, AdminError, PromoSpec};
-use crate::cli::{
-    Command, DlqCommand, DlqFilterArgs, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand,
-};
-use crate::config::{ConfigError, Settings};
+use crate::cli::{Command, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand};
+use crate::config::Settings;
 use crate::domain::event::Id;
-use crate::ledger::{ErrorClass, Ledger, LedgerError};
+use crate::ledger::Ledger;
 use crate::ops::http;
 use crate::pipeline::{self, Status};
 use crate::shutdown;
 
-/// Exit code: a check failed, a breach was found, or the command was
-/// refused or failed.
-pub const EXIT_FAILED: u8 = 1;
-/// Exit code: a usage or configuration error.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: a dependency (Kafka or Redis) could not be reached.
-pub const EXIT_UNREACHABLE: u8 = 3;
+mod dlq;
+mod exit;
 
-/// The command line asked for something malformed (an invalid id, a bad
-/// combination of flags): exit 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
-/// Kafka or Redis could not be reached: exit 3.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Unreachable(pub String);
-
-/// The exit code of a failed command, from the kinds of the errors in its
-/// chain (never from message text): usage and configuration errors 2,
-/// unreachable dependencies 3, anything else 1.
-pub fn exit_code(e: &anyhow::Error) -> u8 {
-    for cause in e.chain() {
-        if cause.is::<UsageError>() || cause.is::<ConfigError>() {
-            return EXIT_USAGE;
-        }
-        if cause.is::<Unreachable>() {
-            return EXIT_UNREACHABLE;
-        }
-        // AdminError::Ledger is transparent: its LedgerError is not a
-        // separate link of the chain.
-        let ledger = match cause.downcast_ref::<AdminError>() {
-            Some(AdminError::Invalid(_)) => return EXIT_USAGE,
-            Some(AdminError::Ledger(l)) => Some(l),
-            _ => cause.downcast_ref::<LedgerError>(),
-        };
-        if let Some(code) = ledger.and_then(redis_exit_code) {
-            return code;
-        }
-        if cause
-            .downcast_ref::<KafkaError>()
-            .is_some_and(kafka_unreachable)
-        {
-            return EXIT_UNREACHABLE;
-        }
-    }
-    EXIT_FAILED
-}
-
-fn redis_exit_code(e: &LedgerError) -> Option<u8> {
-    match e.class() {
-        ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster => {
-            Some(EXIT_UNREACHABLE)
-        }
-        // Wrong credentials, URL or TLS settings: fix the configuration.
-        ErrorClass::Auth | ErrorClass::Config => Some(EXIT_USAGE),
-        _ => None,
-    }
-}
-
-/// Kafka errors that mean the brokers could not be reached (in time).
-pub fn kafka_unreachable(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::AllBrokersDown
-                | C::BrokerTransportFailure
-                | C::Resolve
-                | C::MessageTimedOut
-                | C::OperationTimedOut
-                | C::RequestTimedOut
-                | C::NetworkException
-                | C::BrokerNotAvailable
-                | C::LeaderNotAvailable
-        )
-    )
-}
+pub use exit::{
+    exit_code, kafka_unreachable, Unreachable, UsageError, EXIT_FAILED, EXIT_UNREACHABLE,
+    EXIT_USAGE,
+};
 
 pub(crate) fn promotion_id(s: &str) -> anyhow::Result<Id> {
     Id::parse(s).map_err(|rule| UsageError(format!("promotion id {s:?}: {rule}")).into())
@@ -130,7 +55,7 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::from(report.exit_code()))
         }
         Command::Promo(c) => promo(c, &settings).await,
-        Command::Dlq(c) => dlq(c, &settings).await,
+        Command::Dlq(c) => dlq::dlq(c, &settings).await,
         Command::Order(OrderCommand::Show(a)) => lookup(a, &settings, false).await,
         Command::Event(EventCommand::Show(a)) => lookup(a, &settings, true).await,
         Command::Publish(a) => {
@@ -287,165 +212,6 @@ async fn set_paused(settings: &Settings, promotion: &str, paused: bool) -> anyho
     Ok(())
 }
 
-fn dlq_filter(a: &DlqFilterArgs) -> admin::dlq::Filter {
-    admin::dlq::Filter {
-        kind: a.kind.clone(),
-        partition: a.partition,
-        from_offset: a.from_offset,
-        to_offset: a.to_offset,
-        since_ms: a.since.map(|s| s.saturating_mul(1000)),
-        // Inclusive: the whole last second.
-        until_ms: a.until.map(|s| s.saturating_mul(1000).saturating_add(999)),
-        limit: a.limit,
-    }
-}
-
-async fn read_dead_letters(
-    settings: &Settings,
-    filter: admin::dlq::Filter,
-) -> anyhow::Result<Vec<admin::dlq::DeadLetter>> {
-    let k = settings.kafka.clone();
-    let topic = k.dlq_topic.clone();
-    tokio::task::spawn_blocking(move || admin::dlq::read(&k, &filter))
-        .await
-        .context("the dead-letter reader panicked")?
-        .with_context(|| format!("reading dead-letter topic {topic}"))
-}
-
-async fn dlq(command: DlqCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
-    use crate::admin::dlq::{self as dl, Verdict};
-    match command {
-        DlqCommand::List(a) => {
-            let records = read_dead_letters(settings, dlq_filter(&a.filter)).await?;
-            if a.output.json() {
-                let items: Vec<_> = records.iter().map(dl::DeadLetter::to_json).collect();
-                print_json(&serde_json::Value::Array(items));
-            } else {
-                for r in &records {
-                    println!("{}", r.line());
-                }
-                println!(
-                    "{} dead letter(s) in {}",
-                    records.len(),
-                    settings.kafka.dlq_topic
-                );
-            }
-        }
-        DlqCommand::Show(a) => {
-            let filter = dl::Filter {
-                partition: Some(a.partition),
-                from_offset: Some(a.offset),
-                to_offset: Some(a.offset),
-                ..dl::Filter::default()
-            };
-            let records = read_dead_letters(settings, filter).await?;
-            let Some(r) = records.first() else {
-                anyhow::bail!(
-                    "no record at {}@{} of {}",
-                    a.partition,
-                    a.offset,
-                    settings.kafka.dlq_topic
-                );
-            };
-            if a.output.json() {
-                print_json(&r.to_json());
-            } else {
-                print!("{}", r.words());
-            }
-        }
-        DlqCommand::Replay(a) => {
-            let k = &settings.kafka;
-            if k.input_topic == k.dlq_topic {
-                return Err(UsageError(format!(
-                    "kafka.input_topic and kafka.dlq_topic are both {}: nothing to redrive to",
-                    k.input_topic
-                ))
-                .into());
-            }
-            let filter = dlq_filter(&a.filter);
-            if filter.is_empty() && !a.all {
-                return Err(UsageError(
-                    "dlq replay needs a filter (--kind, --partition, --from-offset,                      --to-offset, --since, --until, --limit) or --all"
-                        .to_owned(),
-                )
-                .into());
-            }
-            let metrics = match &a.metrics_file {
-                Some(_) => Some(http::install_recorder()?),
-                None => None,
-            };
-            let records = read_dead_letters(settings, filter).await?;
-            let report = dl::replay(k, &records, a.dry_run, a.include_invalid).await?;
-            let count = |name: &str| report.iter().filter(|r| r.verdict.as_str() == name).count();
-            let (sent, would, skipped, failed) = (
-                count("redriven"),
-                count("would_redrive"),
-                count("skipped"),
-                count("failed"),
-            );
-            if a.output.json() {
-                let items: Vec<_> = report.iter().map(dl::Replayed::to_json).collect();
-                print_json(&serde_json::json!({
-                    "dry_run": a.dry_run,
-                    "input_topic": k.input_topic,
-                    "redriven": sent,
-                    "would_redrive": would,
-                    "skipped": skipped,
-                    "failed": failed,
-                    "records": items,
-                }));
-            } else {
-                for r in &report {
-                    println!("{}", r.line(&k.input_topic));
-                }
-                if a.dry_run {
-                    println!(
-                        "dry run: {would} would be redriven to {}, {skipped} still invalid; nothing sent",
-                        k.input_topic
-                    );
-                } else {
-                    println!(
-                        "{sent} redriven to {}, {skipped} skipped (still invalid), {failed} failed",
-                        k.input_topic
-                    );
-                }
-            }
-            if let (Some(path), Some(handle)) = (&a.metrics_file, metrics) {
-                write_file(path, &handle.render())?;
-            }
-            let unreachable = report.iter().any(|r| {
-                matches!(
-                    r.verdict,
-                    Verdict::Failed {
-                        unreachable: true,
-                        ..
-                    }
-                )
-            });
-            if failed > 0 {
-                let e = anyhow::anyhow!(
-                    "{failed} of {} dead letter(s) could not be sent",
-                    report.len()
-                );
-                return Err(if unreachable {
-                    e.context(Unreachable(format!("kafka {}", k.brokers)))
-                } else {
-                    e
-                });
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Writes `text` to `path` through a temporary file and a rename, so a
-/// reader (a textfile collector) never sees half a file.
-fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
-}
-
 /// `order show` (`event == false`) and `event show`.
 async fn lookup(a: LookupArgs, settings: &Settings, event: bool) -> anyhow::Result<ExitCode> {
     use crate::admin::lookup;
@@ -536,43 +302,4 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         }
     }
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_map_to_the_documented_exit_codes() {
-        let usage: anyhow::Error = UsageError("promotion id \"a:b\"".into()).into();
-        assert_eq!(exit_code(&usage), EXIT_USAGE);
-        let invalid: anyhow::Error = AdminError::Invalid("budget".into()).into();
-        assert_eq!(exit_code(&invalid.context("promo set")), EXIT_USAGE);
-        let p = Id::parse("p").unwrap();
-        let refused: anyhow::Error = AdminError::NotFound(p).into();
-        assert_eq!(exit_code(&refused), EXIT_FAILED);
-        let down = LedgerError::redis(
-            "connect",
-            fred::error::Error::new(fred::error::ErrorKind::IO, "refused"),
-        );
-        let down: anyhow::Error = anyhow::Error::from(down).context("redis");
-        assert_eq!(exit_code(&down), EXIT_UNREACHABLE);
-        let wrapped: anyhow::Error = AdminError::Ledger(LedgerError::redis(
-            "hgetall",
-            fred::error::Error::new(fred::error::ErrorKind::Timeout, "slow"),
-        ))
-        .into();
-        assert_eq!(exit_code(&wrapped), EXIT_UNREACHABLE);
-        let auth = LedgerError::redis(
-            "connect",
-            fred::error::Error::new(fred::error::ErrorKind::Auth, "WRONGPASS"),
-        );
-        assert_eq!(exit_code(&auth.into()), EXIT_USAGE);
-        let kafka = KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown);
-        assert_eq!(
-            exit_code(&anyhow::Error::from(kafka).context("dlq")),
-            EXIT_UNREACHABLE
-        );
-        assert_eq!(exit_code(&anyhow::anyhow!("other")), EXIT_FAILED);
-    }
 }
