@@ -1,11 +1,13 @@
 -- deduct.lua: decide and apply one line of an OrderPlaced (CONTRACT.md section 3, "Deduct").
 --
--- KEYS[1] promotion  promo:{P}                 hash: budget, stock, per_customer, status, starts_at, ends_at
--- KEYS[2] used       promo:{P}:used:{C}        string int: orders of C holding P
--- KEYS[3] record     promo:{P}:order:{O}       hash: state, event, budget, stock, budget0, stock0
--- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E, or
---                                               "accepted" when step 1 absorbed E into another
---                                               event's record (see step 1 below), or
+-- KEYS[1] promotion  promo:{P}                 hash: budget, stock, per_customer, status, starts_at,
+--                                               ends_at, initial_budget, initial_stock, gen
+-- KEYS[2] used       promo:{P}:used:{C}        string int: counted orders of C holding P
+-- KEYS[3] record     promo:{P}:order:{O}       hash: state, event, budget, stock, budget0, stock0,
+--                                               customer, counted, gen, absorbed, refund:<E>...
+-- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E (including
+--                                               corrupt_promotion), or "accepted" when step 1
+--                                               absorbed E into another event's record, or
 --                                               "released" (see release.lua): then the reply is
 --                                               rejected with reason "released", duplicate
 --
@@ -15,6 +17,7 @@
 -- ARGV[4] event_id         E
 -- ARGV[5] record_ttl_secs  positive canonical integer
 -- ARGV[6] refund_ttl_secs  positive canonical integer (TTL of the rejection memo)
+-- ARGV[7] customer_id      C (stored in the record: refunds and releases act on it)
 --
 -- Reply: {status, reason, duplicate, budget, stock, remaining_budget, remaining_stock}
 --   status     "accepted" | "rejected"
@@ -25,7 +28,12 @@
 --
 -- Error replies (the first word is the code the caller matches on):
 --   "BADARG <what>"                   a malformed argument: a caller bug, nothing read or written
---   "CORRUPT <key> <field>: <value>"  stored data breaks CONTRACT.md section 2; nothing written
+--   "CORRUPT <key> <field>: <value>"  stored data breaks CONTRACT.md section 2. The decision is
+--                                     remembered: "corrupt_promotion" is stored under the memo
+--                                     (TTL refund_ttl), nothing else is written, so every later
+--                                     delivery of E repeats the rejection (step 0) even after
+--                                     the data is repaired. Only a corrupt memo itself cannot be
+--                                     remembered (and then every delivery meets it again).
 --
 -- Every argument and every stored value is validated before the first write, so the
 -- script never has to undo a write. Unknown hash fields are ignored.
@@ -41,13 +49,13 @@ end
 
 local function main()
   if #KEYS ~= 4 then fail('BADARG expected 4 keys, got ' .. #KEYS) end
-  if #ARGV ~= 6 then fail('BADARG expected 6 arguments, got ' .. #ARGV) end
-  local names = { 'budget', 'stock', 'occurred_at', 'event_id', 'record_ttl_secs', 'refund_ttl_secs' }
+  if #ARGV ~= 7 then fail('BADARG expected 7 arguments, got ' .. #ARGV) end
+  local names = { 'budget', 'stock', 'occurred_at', 'event_id', 'record_ttl_secs', 'refund_ttl_secs', 'customer_id' }
   for i, name in ipairs(names) do
     local ok
     if name == 'occurred_at' then
       ok = signed(ARGV[i])
-    elseif name == 'event_id' then
+    elseif name == 'event_id' or name == 'customer_id' then
       ok = event_id(ARGV[i])
     else
       ok = canonical(ARGV[i]) and not (name:find('ttl') and ARGV[i] == '0')
@@ -55,14 +63,62 @@ local function main()
     if not ok then fail('BADARG ' .. name .. ': ' .. show(ARGV[i])) end
   end
   local b, s, t, event = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-  local record_ttl, refund_ttl = ARGV[5], ARGV[6]
+  local record_ttl, refund_ttl, customer = ARGV[5], ARGV[6], ARGV[7]
   local k_promo, k_used, k_record, k_memo = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
-  -- Read and validate everything before deciding.
+  -- 0. This event was decided before: repeat the decision, whatever the other keys
+  -- hold now (corrupt data included). "accepted" is the memo of an event absorbed by
+  -- step 1 into another event's record. "released": this event was rejected on
+  -- another line and this line released (release.lua); a slower delivery must not
+  -- deduct it afresh. The caller reads the event's stored reason from its other lines.
   local memo = read_memo(k_memo)
-  local promo = read_promotion(k_promo)
-  local used = read_used(k_used) or 0
-  local rec = read_record(k_record)
+  if memo == RELEASED then return { 'rejected', RELEASED, 1, 0, 0, -1, -1 } end
+  if memo and memo ~= ABSORBED then return { 'rejected', memo, 1, 0, 0, -1, -1 } end
+  if memo == ABSORBED then
+    -- Accepted before: the amounts are the record's (0 when it is gone, or now
+    -- unreadable: corrupt data never turns this event's acceptance into a rejection).
+    local r = lenient(read_record, k_record)
+    local p = lenient(read_promotion, k_promo)
+    return { 'accepted', '', 1, r and r.budget0 or 0, r and r.stock0 or 0,
+      p and p.budget or -1, p and p.stock or -1 }
+  end
+
+  -- Read and validate everything else before deciding. Corrupt data is a decision
+  -- too: it is remembered under the memo, so that every delivery of E repeats it.
+  local function guarded(read)
+    local ok, err = pcall(read)
+    if ok then return end
+    if is_corrupt(err) then redis.call('SET', k_memo, CORRUPT_REASON, 'EX', refund_ttl) end
+    error(err, 0)
+  end
+  local promo, used, rec
+  guarded(function() rec = read_record(k_record) end)
+
+  -- 1./2. A record of this order: a deducted order stays deducted; a record reverted
+  -- after this very event deducted it means the event was accepted (one decision per
+  -- event; the project's change to step 2, see docs/contract.md); any other reverted
+  -- record (refund tombstone, another event) rejects. When a new event of the order
+  -- is absorbed into another event's record, that is remembered under its memo (TTL
+  -- record_ttl), and the first such event is noted in the record (`absorbed`): if the
+  -- record's own event is then rejected on another line (a zombie delivery of a
+  -- multi-line order), release.lua hands the deduction over to the absorbed event
+  -- instead of giving it back, so an accepted event never ends up holding nothing.
+  -- The record decides before the promotion is read: corrupt promotion data never
+  -- turns an accepted event into a rejection.
+  if rec and (rec.state == 'deducted' or rec.event == event) then
+    if rec.event ~= event then
+      redis.call('SET', k_memo, ABSORBED, 'EX', record_ttl)
+      if rec.state == 'deducted' and rec.absorbed == nil then
+        redis.call('HSET', k_record, 'absorbed', event)
+      end
+    end
+    local p = lenient(read_promotion, k_promo)
+    return { 'accepted', '', 1, rec.budget0, rec.stock0, p and p.budget or -1, p and p.stock or -1 }
+  end
+  guarded(function()
+    promo = read_promotion(k_promo)
+    used = read_used(k_used) or 0
+  end)
 
   local function remaining()
     if not promo then return -1, -1 end
@@ -77,29 +133,7 @@ local function main()
     return reply('rejected', reason, 0, 0, 0)
   end
 
-  -- 0. This event was decided before: repeat the decision. "accepted" is the memo of
-  -- an event absorbed by step 1 into another event's record.
-  -- "released": this event was rejected on another line and this line released
-  -- (release.lua); a slower delivery must not deduct it afresh. The caller reads
-  -- the event's stored reason from its other lines.
-  if memo == RELEASED then return reply('rejected', RELEASED, 1, 0, 0) end
-  if memo == ABSORBED then
-    return reply('accepted', '', 1, rec and rec.budget0 or 0, rec and rec.stock0 or 0)
-  end
-  if memo then return reply('rejected', memo, 1, 0, 0) end
-  -- 1./2. A record of this order: a deducted order stays deducted; a record reverted
-  -- after this very event deducted it means the event was accepted (one decision per
-  -- event; the project's change to step 2, see docs/contract.md); any other reverted
-  -- record (refund tombstone, another event) rejects. When a new event of the order
-  -- is absorbed into another event's record, that is remembered under its memo (TTL
-  -- record_ttl), so that a replay after the order's refund still answers accepted.
-  if rec then
-    if rec.state == 'deducted' or rec.event == event then
-      if rec.event ~= event then redis.call('SET', k_memo, ABSORBED, 'EX', record_ttl) end
-      return reply('accepted', '', 1, rec.budget0, rec.stock0)
-    end
-    return reject('order_reverted')
-  end
+  if rec then return reject('order_reverted') end
   -- 3.
   if not promo then return reject('promotion_not_found') end
   -- 4. Business time against [starts_at, ends_at).
@@ -113,15 +147,19 @@ local function main()
   if promo.stock and promo.stock < s then return reject('stock_insufficient') end
   if promo.per_customer and used >= promo.per_customer then return reject('user_limit_reached') end
 
-  -- 6. Write.
+  -- 6. Write. The record says whom it counted for and from which incarnation it took.
   if promo.budget then promo.budget = redis.call('HINCRBY', k_promo, 'budget', int(-b)) end
   if promo.stock then promo.stock = redis.call('HINCRBY', k_promo, 'stock', int(-s)) end
+  local counted = '0'
   if promo.per_customer then
     redis.call('INCR', k_used)
     redis.call('EXPIRE', k_used, record_ttl)
+    counted = '1'
   end
   redis.call('HSET', k_record, 'state', 'deducted', 'event', event,
-    'budget', ARGV[1], 'stock', ARGV[2], 'budget0', ARGV[1], 'stock0', ARGV[2])
+    'budget', ARGV[1], 'stock', ARGV[2], 'budget0', ARGV[1], 'stock0', ARGV[2],
+    'customer', customer, 'counted', counted)
+  if promo.gen then redis.call('HSET', k_record, 'gen', promo.gen) end
   redis.call('EXPIRE', k_record, record_ttl)
   return reply('accepted', '', 0, b, s)
 end

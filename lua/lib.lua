@@ -9,6 +9,7 @@
 -- write, so a failure never leaves a partial write.
 
 local MAX_DIGITS = 15 -- keeps every number exact in a Lua double
+local MAX_AMOUNT = 999999999999999 -- the largest canonical value
 
 -- Numbers go to redis.call as exact decimal strings (Lua's tostring would
 -- print 15-digit values in exponent notation).
@@ -91,8 +92,13 @@ local function read_promotion(key)
     per_customer = num_field(h, key, 'per_customer'),
     starts_at = num_field(h, key, 'starts_at'),
     ends_at = num_field(h, key, 'ends_at'),
+    initial_budget = num_field(h, key, 'initial_budget'),
+    initial_stock = num_field(h, key, 'initial_stock'),
     status = h.status or 'active',
+    -- The incarnation (promo_set.lua); kept as the stored string, nil when absent.
+    gen = h.gen,
   }
+  if p.gen ~= nil and not canonical(p.gen) then corrupt(key, 'gen', p.gen) end
   if p.status ~= 'active' and p.status ~= 'paused' then corrupt(key, 'status', p.status) end
   return p
 end
@@ -105,11 +111,18 @@ local function read_used(key)
   return tonumber(v)
 end
 
--- promo:{P}:order:{O}: nil when absent.
+-- promo:{P}:order:{O}: nil when absent. Besides the amounts, a record may hold
+-- (all optional: records written before they existed lack them):
+--   customer  the customer the deduction was made for (refunds act on it)
+--   counted   "1" when the deduction took a per-customer slot (used += 1), "0" when not
+--   gen       the promotion's incarnation when deducted (absent: it had none)
+--   absorbed  the first other event of the order that deduct step 1 absorbed into it
+--   refund:E  the result of refund event E on this line: "applied <b> <s>" | "rejected <reason>"
+-- r.fields keeps the raw hash (for the refund results).
 local function read_record(key)
   local h = read_hash(key)
   if not h then return nil end
-  local r = { state = h.state, event = h.event }
+  local r = { state = h.state, event = h.event, customer = h.customer, gen = h.gen, absorbed = h.absorbed, fields = h }
   if r.state ~= 'deducted' and r.state ~= 'reverted' then corrupt(key, 'state', h.state or '(absent)') end
   for _, f in ipairs({ 'budget', 'stock', 'budget0', 'stock0' }) do
     local v = h[f]
@@ -119,18 +132,62 @@ local function read_record(key)
   if r.budget > r.budget0 then corrupt(key, 'budget', h.budget) end
   if r.stock > r.stock0 then corrupt(key, 'stock', h.stock) end
   if r.state == 'deducted' and (r.event == nil or r.event == '') then corrupt(key, 'event', r.event or '(absent)') end
+  if r.customer ~= nil and not event_id(r.customer) then corrupt(key, 'customer', r.customer) end
+  if r.absorbed ~= nil and not event_id(r.absorbed) then corrupt(key, 'absorbed', r.absorbed) end
+  if h.counted ~= nil and h.counted ~= '0' and h.counted ~= '1' then corrupt(key, 'counted', h.counted) end
+  if r.gen ~= nil and not canonical(r.gen) then corrupt(key, 'gen', r.gen) end
+  -- nil: a record written before the field existed (its slot is given back as before).
+  if h.counted ~= nil then r.counted = h.counted == '1' end
   return r
+end
+
+-- Whether the record was deducted from the promotion's current incarnation: a
+-- promotion replaced or deleted and re-created (another `gen`) never gets back
+-- what was taken from the old one (docs/contract.md section 3).
+local function same_incarnation(promo, rec)
+  return promo ~= nil and promo.gen == rec.gen
+end
+
+-- Adds `amount` back to `field` of the promotion, never past its initial amount
+-- (`initial_<field>`, when stored) nor past MAX_DIGITS: no script writes a value
+-- the scripts would then refuse as corrupt. Returns the new remaining amount.
+local function credit(k_promo, promo, field, amount)
+  local left = promo[field]
+  if left == nil or amount == 0 then return left end
+  local cap = promo['initial_' .. field] or MAX_AMOUNT
+  if cap > MAX_AMOUNT then cap = MAX_AMOUNT end
+  local room = cap - left
+  if room <= 0 then return left end
+  if amount > room then amount = room end
+  promo[field] = redis.call('HINCRBY', k_promo, field, int(amount))
+  return promo[field]
 end
 
 -- The rejection reasons a placement's memo promo:{P}:rejected:{E} may hold.
 local REASONS = {
   budget_exceeded = true, stock_insufficient = true, user_limit_reached = true,
   promotion_not_found = true, promotion_inactive = true, order_reverted = true,
+  corrupt_promotion = true,
 }
+-- The rejection deduct.lua remembers when it meets corrupt data.
+local CORRUPT_REASON = 'corrupt_promotion'
 -- The memo's value when deduct.lua step 1 absorbed the event into another event's record.
 local ABSORBED = 'accepted'
 -- The memo's value when release.lua released the line for a rejected event.
 local RELEASED = 'released'
+
+-- Whether a caught error is a fail() of corrupt data.
+local function is_corrupt(err)
+  return type(err) == 'table' and type(err.fail) == 'string' and string.sub(err.fail, 1, 8) == 'CORRUPT '
+end
+
+-- read(key), or nil when the key holds corrupt data (any other error is raised).
+local function lenient(read, key)
+  local ok, res = pcall(read, key)
+  if ok then return res end
+  if is_corrupt(res) then return nil end
+  error(res, 0)
+end
 
 -- Runs a script's main(): its reply, or the error reply of a fail().
 local function run(main)

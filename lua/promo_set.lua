@@ -1,21 +1,31 @@
 -- promo_set.lua: create (or, forced, replace) a promotion hash in one step, so
 -- that two operators can never both "create" the same promotion.
 --
--- KEYS[1] promotion  promo:{P}  hash
+-- KEYS[1] promotion   promo:{P}      hash
+-- KEYS[2] generation  promo:{P}:gen  string int: the last incarnation number of P (no TTL)
 -- ARGV[1] force      "1" = replace an existing hash, "0" = refuse when it exists
 -- ARGV[2..] field, value pairs of the new hash (at least one pair)
+--
+-- Every hash written gets `gen`, a new incarnation number (INCR of KEYS[2], which a
+-- delete of the hash leaves in place). Records store the `gen` they were deducted
+-- from, and refunds give back only to the same incarnation: a replaced or re-created
+-- promotion never gets back what was taken from the old one (docs/contract.md).
 --
 -- Reply: "created" | "replaced" | "exists" (not forced: nothing written).
 -- Error replies: "BADARG <what>".
 
-if #KEYS ~= 1 then return redis.error_reply('BADARG expected 1 key, got ' .. #KEYS) end
+if #KEYS ~= 2 then return redis.error_reply('BADARG expected 2 keys, got ' .. #KEYS) end
 local force = ARGV[1]
 if force ~= '0' and force ~= '1' then return redis.error_reply('BADARG force must be 0 or 1') end
 if #ARGV < 3 or #ARGV % 2 ~= 1 then return redis.error_reply('BADARG expected field/value pairs') end
+for i = 2, #ARGV, 2 do
+  if ARGV[i] == 'gen' then return redis.error_reply('BADARG gen is set by the script') end
+end
 local key = KEYS[1]
 local exists = redis.call('EXISTS', key) == 1
 if exists and force == '0' then return 'exists' end
+local gen = redis.call('INCR', KEYS[2])
 if exists then redis.call('DEL', key) end
-redis.call('HSET', key, unpack(ARGV, 2))
+redis.call('HSET', key, 'gen', string.format('%d', gen), unpack(ARGV, 2))
 if exists then return 'replaced' end
 return 'created'

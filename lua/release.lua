@@ -1,24 +1,32 @@
--- release.lua: undo one line that event E deducted, when a later line of the same
+-- release.lua: undo one line that event E deducted, when another line of the same
 -- multi-line order was rejected (CONTRACT.md section 3, all-or-nothing).
 --
 -- KEYS[1] promotion  promo:{P}            hash
--- KEYS[2] used       promo:{P}:used:{C}   string int
+-- KEYS[2] used       promo:{P}:used:{C}   string int (C: the record's customer)
 -- KEYS[3] record     promo:{P}:order:{O}  hash
--- KEYS[4] memo       promo:{P}:rejected:{E}  string (optional: with it, the line is marked)
+-- KEYS[4] memo       promo:{P}:rejected:{E}  string: the line is marked here
 --
 -- ARGV[1] event_id         E: only a record that E deducted is released
--- ARGV[2] refund_ttl_secs  with KEYS[4] only: TTL of the mark
+-- ARGV[2] refund_ttl_secs  TTL of the mark
+-- ARGV[3] customer_id      C: the used counter is only touched when the record
+--                          counted for C (or is an older record without a customer)
 --
--- With KEYS[4] (a rejection, not corrupt data): the memo of this line is set to
--- "released" where it is absent or "accepted" (never over a reason), in the same
--- atomic step. A slower second delivery of E that reaches this line later then
--- repeats the event's decision instead of deducting the line afresh (deduct.lua
--- step 0; the project's change to the contract, see docs/contract.md).
+-- The memo of this line is set to "released" where it is absent or "accepted" (never
+-- over a reason), in the same atomic step. A slower second delivery of E that reaches
+-- this line later then repeats the event's decision instead of deducting the line
+-- afresh (deduct.lua step 0; the project's change to the contract, see docs/contract.md).
 --
--- Reply: {released}  1 when the record was `deducted` by E and has been released
---   (its outstanding budget/stock added back where the promotion and the field exist,
---   used decremented but never below 0, the record deleted), else 0 and nothing changes.
---   A record deducted by another event of the same order is never touched.
+-- Reply: {released}
+--   1  the record was `deducted` by E and has been released: its outstanding
+--      budget/stock added back where the promotion (of the same incarnation, `gen`) and
+--      the field exist, never past initial_*; used decremented (never below 0) when the
+--      record counted a per-customer slot; the record deleted, or, when it holds refund
+--      results, kept as a reverted tombstone (nothing outstanding) so that those refunds
+--      still repeat their results.
+--   0  nothing was given back: no record of E (when E was only absorbed into another
+--      event's record, its note `absorbed` = E is removed), or another event of the order was
+--      absorbed into the record (deduct.lua step 1) and answered accepted, so the
+--      deduction is handed over to that event (`event` := absorbed) and stays held.
 --
 -- Error replies: "BADARG <what>", "CORRUPT <key> <field>: <value>" (nothing written).
 -- Every argument and every stored value is validated before the first write.
@@ -27,38 +35,53 @@
 -- lua/lib.lua's, prepended to this script when it is loaded.
 
 local function main()
-  if #KEYS ~= 3 and #KEYS ~= 4 then fail('BADARG expected 3 or 4 keys, got ' .. #KEYS) end
-  local marking = #KEYS == 4
-  local nargs = marking and 2 or 1
-  if #ARGV ~= nargs then fail('BADARG expected ' .. nargs .. ' arguments, got ' .. #ARGV) end
-  local event = ARGV[1]
-  if not event_id(event) then
-    fail('BADARG event_id: ' .. show(event))
-  end
-  if marking and (not canonical(ARGV[2]) or ARGV[2] == '0') then fail('BADARG refund_ttl_secs: ' .. show(ARGV[2])) end
-  local k_promo, k_used, k_record = KEYS[1], KEYS[2], KEYS[3]
+  if #KEYS ~= 4 then fail('BADARG expected 4 keys, got ' .. #KEYS) end
+  if #ARGV ~= 3 then fail('BADARG expected 3 arguments, got ' .. #ARGV) end
+  local event, ttl, customer = ARGV[1], ARGV[2], ARGV[3]
+  if not event_id(event) then fail('BADARG event_id: ' .. show(event)) end
+  if not canonical(ttl) or ttl == '0' then fail('BADARG refund_ttl_secs: ' .. show(ttl)) end
+  if not event_id(customer) then fail('BADARG customer_id: ' .. show(customer)) end
+  local k_promo, k_used, k_record, k_memo = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
   local promo = read_promotion(k_promo)
   local used = read_used(k_used)
   local rec = read_record(k_record)
-  local memo = nil
-  if marking then
-    memo = read_string(KEYS[4])
-    if memo ~= nil and memo ~= ABSORBED and memo ~= RELEASED and not REASONS[memo] then
-      corrupt(KEYS[4], 'value', memo)
-    end
+  local memo = read_string(k_memo)
+  if memo ~= nil and memo ~= ABSORBED and memo ~= RELEASED and not REASONS[memo] then
+    corrupt(k_memo, 'value', memo)
   end
 
   local released = 0
-  if rec and rec.state == 'deducted' and rec.event == event then
-    if promo and promo.budget then redis.call('HINCRBY', k_promo, 'budget', int(rec.budget)) end
-    if promo and promo.stock then redis.call('HINCRBY', k_promo, 'stock', int(rec.stock)) end
-    if used and used > 0 then redis.call('DECR', k_used) end
-    redis.call('DEL', k_record)
-    released = 1
+  if rec and rec.absorbed == event then
+    -- E was absorbed into another event's record and is now rejected: it holds nothing.
+    redis.call('HDEL', k_record, 'absorbed')
   end
-  if marking and (memo == nil or memo == ABSORBED) then
-    redis.call('SET', KEYS[4], RELEASED, 'EX', ARGV[2])
+  if rec and rec.state == 'deducted' and rec.event == event then
+    if rec.absorbed then
+      redis.call('HSET', k_record, 'event', rec.absorbed)
+      redis.call('HDEL', k_record, 'absorbed')
+    else
+      if same_incarnation(promo, rec) then
+        credit(k_promo, promo, 'budget', rec.budget)
+        credit(k_promo, promo, 'stock', rec.stock)
+      end
+      local mine = rec.customer == nil or rec.customer == customer
+      if mine and rec.counted ~= false and used and used > 0 then redis.call('DECR', k_used) end
+      local refunded = false
+      for f in pairs(rec.fields) do
+        if string.sub(f, 1, 7) == 'refund:' then refunded = true end
+      end
+      if refunded then
+        redis.call('HSET', k_record, 'state', 'reverted', 'budget', '0', 'stock', '0')
+        redis.call('HDEL', k_record, 'event')
+      else
+        redis.call('DEL', k_record)
+      end
+      released = 1
+    end
+  end
+  if memo == nil or memo == ABSORBED then
+    redis.call('SET', k_memo, RELEASED, 'EX', ttl)
   end
   return { released }
 end

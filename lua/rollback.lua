@@ -1,64 +1,106 @@
 -- rollback.lua: apply one line of an OrderRefunded (CONTRACT.md section 3, "Rollback").
 --
--- KEYS[1] promotion  promo:{P}               hash: budget, stock (other fields ignored)
--- KEYS[2] used       promo:{P}:used:{C}      string int
--- KEYS[3] record     promo:{P}:order:{O}     hash: state, event, budget, stock, budget0, stock0
--- KEYS[4] memo       promo:{P}:refund:{E}    string: this line's result, for replays
+-- KEYS[1] promotion  promo:{P}               hash: budget, stock, initial_budget, initial_stock, gen
+-- KEYS[2] used       promo:{P}:used:{C}      string int (C = ARGV[6])
+-- KEYS[3] record     promo:{P}:order:{O}     hash: state, event, budget, stock, budget0, stock0,
+--                                             customer, counted, gen, refund:<E>...
+-- KEYS[4] memo       promo:{P}:refund:{E}    string: "rejected corrupt_promotion" when this line met
+--                                             corrupt data (TTL refund_ttl), or a result an older
+--                                             version stored here
 --
 -- ARGV[1] budget           canonical integer to return, or "" = everything outstanding
 -- ARGV[2] stock            canonical integer to return, or "" = everything outstanding
 -- ARGV[3] record_ttl_secs  positive: TTL of a tombstone record
--- ARGV[4] refund_ttl_secs  positive: TTL of the stored result
+-- ARGV[4] refund_ttl_secs  positive: TTL of a corrupt_promotion memo
+-- ARGV[5] event_id         E, the refund event
+-- ARGV[6] customer_id      C: the customer whose `used` counter KEYS[2] is
 --
 -- Reply: {status, reason, duplicate, budget_returned, stock_returned, remaining_budget, remaining_stock}
---   status     "applied" | "rejected"
---   reason     "" when applied, else no_deduction | already_reverted | exceeds_deducted
---   duplicate  1 when the result was read back from the memo, else 0
+--   status     "applied" | "rejected" | "customer"
+--   reason     "" when applied; no_deduction | already_reverted | exceeds_deducted |
+--              corrupt_promotion (read back) when
+--              rejected; for "customer": the record's customer, which is not C. Nothing
+--              was written: the caller calls again with that customer's KEYS[2] and ARGV[6]
+--              (refunds act on the customer the deduction counted for, never on the one
+--              the refund event names)
+--   duplicate  1 when the result was read back, else 0
 --   remaining_*  what the promotion has left after the script; -1 = unlimited or no promotion
 --
--- The result of every decision is stored under the memo key ("applied <b> <s>" or
--- "rejected <reason>", TTL refund_ttl) so that a replay returns the same result.
+-- The result of every decision is stored in the record as field "refund:<E>" ("applied <b>
+-- <s>" or "rejected <reason>"), so a redelivery returns the same result for as long as the
+-- record exists (a refund of an order without a record leaves a tombstone record holding it).
+-- A refund gives back to the promotion only what was taken from its current incarnation
+-- (record `gen` = promotion `gen`), never past initial_*.
 --
--- Error replies: "BADARG <what>", "CORRUPT <key> <field>: <value>" (nothing written).
+-- Error replies: "BADARG <what>", "CORRUPT <key> <field>: <value>": nothing written but the
+-- memo "rejected corrupt_promotion" (unless the memo itself is what is corrupt).
 -- Every argument and every stored value is validated before the first write.
 
 -- The helpers (fail, canonical, read_promotion, read_record, ...) are
 -- lua/lib.lua's, prepended to this script when it is loaded.
 
-local REFUND_REASONS = { no_deduction = true, already_reverted = true, exceeds_deducted = true }
+local REFUND_REASONS = {
+  no_deduction = true, already_reverted = true, exceeds_deducted = true, corrupt_promotion = true,
+}
 
 -- A stored result: {status, reason, budget, stock}.
-local function read_memo(key)
-  local v = read_string(key)
-  if v == nil then return nil end
+local function parse_result(key, field, v)
   local b, s = string.match(v, '^applied ([^ ]+) ([^ ]+)$')
   if b then
-    if not canonical(b) or not canonical(s) then corrupt(key, 'value', v) end
+    if not canonical(b) or not canonical(s) then corrupt(key, field, v) end
     return { 'applied', '', tonumber(b), tonumber(s) }
   end
   local reason = string.match(v, '^rejected ([a-z_]+)$')
-  if not reason or not REFUND_REASONS[reason] then corrupt(key, 'value', v) end
+  if not reason or not REFUND_REASONS[reason] then corrupt(key, field, v) end
   return { 'rejected', reason, 0, 0 }
 end
 
 local function main()
   if #KEYS ~= 4 then fail('BADARG expected 4 keys, got ' .. #KEYS) end
-  if #ARGV ~= 4 then fail('BADARG expected 4 arguments, got ' .. #ARGV) end
-  local names = { 'budget', 'stock', 'record_ttl_secs', 'refund_ttl_secs' }
+  if #ARGV ~= 6 then fail('BADARG expected 6 arguments, got ' .. #ARGV) end
+  local names = { 'budget', 'stock', 'record_ttl_secs', 'refund_ttl_secs', 'event_id', 'customer_id' }
   for i, name in ipairs(names) do
     local v = ARGV[i]
     local ok
-    if i <= 2 then ok = v == '' or canonical(v) else ok = canonical(v) and v ~= '0' end
+    if i <= 2 then ok = v == '' or canonical(v)
+    elseif i <= 4 then ok = canonical(v) and v ~= '0'
+    else ok = event_id(v) end
     if not ok then fail('BADARG ' .. name .. ': ' .. show(v)) end
   end
-  local record_ttl, refund_ttl = ARGV[3], ARGV[4]
+  local record_ttl, refund_ttl, event, customer = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   local k_promo, k_used, k_record, k_memo = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local field = 'refund:' .. event
 
-  -- Read and validate everything before deciding.
-  local memo = read_memo(k_memo)
-  local promo = read_promotion(k_promo)
-  local used = read_used(k_used)
-  local rec = read_record(k_record)
+  -- 1. This event's line was decided before: return the stored result, whatever
+  -- the other keys hold now. The memo key holds a corrupt_promotion rejection (or a
+  -- result of an older version); the record holds every other result.
+  local memo = read_string(k_memo)
+  if memo ~= nil then
+    memo = parse_result(k_memo, 'value', memo)
+    return { memo[1], memo[2], 1, memo[3], memo[4], -1, -1 }
+  end
+  -- Corrupt data is a decision too: remembered under the memo key (TTL refund_ttl),
+  -- so that every delivery of E repeats it even after the data is repaired.
+  local function guarded(read)
+    local ok, err = pcall(read)
+    if ok then return end
+    if is_corrupt(err) then redis.call('SET', k_memo, 'rejected ' .. CORRUPT_REASON, 'EX', refund_ttl) end
+    error(err, 0)
+  end
+  local rec, stored, promo, used
+  guarded(function()
+    rec = read_record(k_record)
+    stored = rec and rec.fields[field]
+    if stored ~= nil then stored = parse_result(k_record, field, stored) end
+  end)
+  if stored then
+    local p = lenient(read_promotion, k_promo)
+    return { stored[1], stored[2], 1, stored[3], stored[4], p and p.budget or -1, p and p.stock or -1 }
+  end
+  guarded(function()
+    promo = read_promotion(k_promo)
+    used = read_used(k_used)
+  end)
 
   local function reply(status, reason, dup, rb, rs)
     local left_b, left_s = -1, -1
@@ -66,35 +108,40 @@ local function main()
     return { status, reason, dup, rb, rs, left_b, left_s }
   end
   local function reject(reason)
-    redis.call('SET', k_memo, 'rejected ' .. reason, 'EX', refund_ttl)
+    redis.call('HSET', k_record, field, 'rejected ' .. reason)
     return reply('rejected', reason, 0, 0, 0)
   end
 
-  -- 1. This event's line was decided before: return the stored result.
-  if memo then return reply(memo[1], memo[2], 1, memo[3], memo[4]) end
-  -- 2. Nothing deducted: leave a tombstone so that a late placement of this
-  -- order is rejected order_reverted instead of deducted.
+  -- 2. Nothing deducted: leave a tombstone (holding this result) so that a late
+  -- placement of this order is rejected order_reverted instead of deducted.
   if not rec then
     redis.call('HSET', k_record, 'state', 'reverted', 'budget', '0', 'stock', '0', 'budget0', '0', 'stock0', '0')
     redis.call('EXPIRE', k_record, record_ttl)
     return reject('no_deduction')
   end
   if rec.state == 'reverted' then return reject('already_reverted') end
+  -- The deduction counted for another customer than the event names: the caller
+  -- repeats the call with that customer's counter (nothing written here).
+  if rec.customer ~= nil and rec.customer ~= customer then
+    return reply('customer', rec.customer, 0, 0, 0)
+  end
   -- 3.
   local b = ARGV[1] == '' and rec.budget or tonumber(ARGV[1])
   local s = ARGV[2] == '' and rec.stock or tonumber(ARGV[2])
   if b > rec.budget or s > rec.stock then return reject('exceeds_deducted') end
 
-  -- 4. Write. A deleted promotion (or an unlimited dimension) is never re-created.
-  if promo and promo.budget then promo.budget = redis.call('HINCRBY', k_promo, 'budget', int(b)) end
-  if promo and promo.stock then promo.stock = redis.call('HINCRBY', k_promo, 'stock', int(s)) end
+  -- 4. Write. A deleted promotion (or an unlimited dimension) is never re-created, and
+  -- another incarnation of the promotion gets nothing back.
+  if same_incarnation(promo, rec) then
+    credit(k_promo, promo, 'budget', b)
+    credit(k_promo, promo, 'stock', s)
+  end
   local left_b, left_s = rec.budget - b, rec.stock - s
-  redis.call('HSET', k_record, 'budget', int(left_b), 'stock', int(left_s))
+  redis.call('HSET', k_record, 'budget', int(left_b), 'stock', int(left_s), field, 'applied ' .. int(b) .. ' ' .. int(s))
   if left_b == 0 and left_s == 0 then
     redis.call('HSET', k_record, 'state', 'reverted')
-    if used and used > 0 then redis.call('DECR', k_used) end
+    if rec.counted ~= false and used and used > 0 then redis.call('DECR', k_used) end
   end
-  redis.call('SET', k_memo, 'applied ' .. int(b) .. ' ' .. int(s), 'EX', refund_ttl)
   return reply('applied', '', 0, b, s)
 end
 

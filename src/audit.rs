@@ -1,10 +1,14 @@
 //! `deductor audit`: the ledger invariant of CONTRACT.md section 5, checked
 //! on the stored data with `SCAN` (never `KEYS`).
 //!
-//! For each promotion P: remaining stock and budget >= 0; when the initial
-//! amounts are known (`promo set` stores them as `initial_budget` /
-//! `initial_stock`): initial - remaining == sum of outstanding amounts of
-//! P's `deducted` records; no customer counter above `per_customer`.
+//! For each promotion P: remaining stock and budget >= 0 and never above
+//! the initial amounts; when the initial amounts are known (`promo set`
+//! stores them as `initial_budget` / `initial_stock`): initial - remaining
+//! == sum of outstanding amounts of P's `deducted` records of the current
+//! incarnation (`gen`; records of a replaced incarnation are counted apart);
+//! no customer holds more counted orders (records with `counted=1`) than
+//! `per_customer` or than their `used` counter, and no counter is above
+//! `per_customer`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
@@ -30,8 +34,13 @@ pub struct Report {
     pub held: usize,
     pub outstanding_budget: i64,
     pub outstanding_stock: i64,
+    /// Records still held that were taken from a replaced incarnation of
+    /// the promotion (another `gen`): refunds of them give nothing back.
+    pub held_other_incarnation: usize,
     pub customers: usize,
     pub max_used: i64,
+    /// Per customer: (counted orders held, `used` counter).
+    pub counted: std::collections::BTreeMap<String, (i64, i64)>,
     pub breaches: Vec<String>,
 }
 
@@ -67,11 +76,34 @@ impl Report {
                 ));
             }
         }
+        for (name, init, rem) in [
+            ("stock", self.initial_stock, self.stock),
+            ("budget", self.initial_budget, self.budget),
+        ] {
+            if let (Some(init), Some(rem)) = (init, rem) {
+                if rem > init {
+                    b.push(format!("remaining {name} {rem} > initial {init}"));
+                }
+            }
+        }
         if let Some(limit) = self.per_customer {
             if self.max_used > limit {
                 b.push(format!(
-                    "a customer holds {} orders, per_customer is {limit}",
+                    "a customer's counter is {}, per_customer is {limit}",
                     self.max_used
+                ));
+            }
+        }
+        for (customer, &(held, used)) in &self.counted {
+            if self.per_customer.is_some_and(|limit| held > limit) {
+                b.push(format!(
+                    "customer {customer} holds {held} counted orders, per_customer is {}",
+                    self.per_customer.unwrap_or_default()
+                ));
+            }
+            if held > used {
+                b.push(format!(
+                    "customer {customer} holds {held} counted orders but the counter says {used}"
                 ));
             }
         }
@@ -144,21 +176,34 @@ pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, Error> {
     r.initial_budget = int(h.get("initial_budget"));
     r.initial_stock = int(h.get("initial_stock"));
     r.per_customer = int(h.get("per_customer"));
+    let gen = h.get("gen");
     for key in keys(ledger, &keys_of.record_pattern(p)).await? {
         let rec: HashMap<String, String> = pool.hgetall(&key).await?;
         r.records += 1;
-        if rec.get("state").map(String::as_str) == Some("deducted") {
-            r.held += 1;
+        if rec.get("state").map(String::as_str) != Some("deducted") {
+            continue;
+        }
+        r.held += 1;
+        if rec.get("gen") == gen {
             r.outstanding_budget += int(rec.get("budget")).unwrap_or(0);
             r.outstanding_stock += int(rec.get("stock")).unwrap_or(0);
+        } else {
+            r.held_other_incarnation += 1;
+        }
+        if let (Some(c), Some("1")) = (rec.get("customer"), rec.get("counted").map(String::as_str))
+        {
+            r.counted.entry(c.clone()).or_default().0 += 1;
         }
     }
-    let used_pattern = format!("{}:{{{}}}:used:*", keys_of.prefix(), p);
-    for key in keys(ledger, &used_pattern).await? {
+    let used_prefix = format!("{}:{{{}}}:used:", keys_of.prefix(), p);
+    for key in keys(ledger, &format!("{used_prefix}*")).await? {
         let v: Option<String> = pool.get(&key).await?;
         let n = v.and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
         r.customers += 1;
         r.max_used = r.max_used.max(n);
+        if let Some(c) = key.strip_prefix(&used_prefix) {
+            r.counted.entry(c.to_owned()).or_default().1 = n;
+        }
     }
     r.judge();
     Ok(r)
@@ -186,10 +231,10 @@ pub async fn run(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
             continue;
         }
         println!(
-            "{p}: stock {} of {} (outstanding {}), budget {} of {} (outstanding {}), {} orders held, {} customers, max per customer {} (limit {}){}",
+            "{p}: stock {} of {} (outstanding {}), budget {} of {} (outstanding {}), {} orders held ({} from a replaced incarnation), {} customers, max per customer {} (limit {}){}",
             fmt(r.stock), fmt(r.initial_stock), r.outstanding_stock,
             fmt(r.budget), fmt(r.initial_budget), r.outstanding_budget,
-            r.held, r.customers, r.max_used, fmt(r.per_customer),
+            r.held, r.held_other_incarnation, r.customers, r.max_used, fmt(r.per_customer),
             if r.breaches.is_empty() { ": ok".to_owned() } else { format!(": BREACH: {}", r.breaches.join("; ")) }
         );
         if !r.breaches.is_empty() {
@@ -232,5 +277,31 @@ mod tests {
         r.outstanding_stock = 7;
         r.judge();
         assert_eq!(r.breaches.len(), 2, "{:?}", r.breaches);
+
+        // Orders held per customer, not only the counters.
+        let mut r = Report {
+            per_customer: Some(1),
+            max_used: 1,
+            ..Report::default()
+        };
+        r.counted.insert("c1".into(), (1, 1));
+        r.judge();
+        assert!(r.breaches.is_empty(), "{:?}", r.breaches);
+        r.counted.insert("c2".into(), (2, 1));
+        r.judge();
+        assert_eq!(r.breaches.len(), 2, "{:?}", r.breaches);
+
+        let mut r = Report {
+            stock: Some(6),
+            initial_stock: Some(5),
+            outstanding_stock: -1,
+            ..Report::default()
+        };
+        r.judge();
+        assert!(
+            r.breaches.iter().any(|b| b.contains("> initial")),
+            "{:?}",
+            r.breaches
+        );
     }
 }

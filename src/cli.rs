@@ -362,9 +362,10 @@ pub struct AuditArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthcheckArgs {
-    /// The endpoint to ask.
-    #[arg(long, default_value = "http://127.0.0.1:9464/healthz")]
-    pub url: String,
+    /// The endpoint to ask [default: /healthz on http.listen, with a
+    /// wildcard address (0.0.0.0, [::]) asked on loopback].
+    #[arg(long)]
+    pub url: Option<String>,
 }
 
 fn parse_override(s: &str) -> Result<(String, String), String> {

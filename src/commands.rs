@@ -100,7 +100,11 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             })
         }
         Command::Healthcheck(a) => {
-            http::probe(&a.url).await?;
+            let url = match a.url {
+                Some(url) => url,
+                None => http::healthz_url(&settings.http.listen)?,
+            };
+            http::probe(&url).await?;
             Ok(ExitCode::SUCCESS)
         }
     }

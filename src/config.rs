@@ -16,6 +16,11 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 const ENV_PREFIX: &str = "DEDUCTOR_";
+/// The longest TTL accepted for `redis.record_ttl_secs` and
+/// `redis.refund_ttl_secs`: 10 years (365-day years), far beyond any refund
+/// window and far below what Redis and the scripts can take.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
 const SECTIONS: [&str; 6] = ["kafka", "redis", "pipeline", "retry", "http", "log"];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -378,6 +383,20 @@ impl Settings {
                 "use a positive number of seconds, e.g. 604800",
             ));
         }
+        // The scripts refuse a TTL Redis cannot take (BADARG, fatal on every
+        // deduct); caught here at start instead.
+        for (key, ttl) in [
+            ("redis.refund_ttl_secs", r.refund_ttl_secs),
+            ("redis.record_ttl_secs", r.record_ttl_secs),
+        ] {
+            if ttl > MAX_TTL_SECS {
+                return Err(bad(
+                    key,
+                    format!("{ttl} is above the maximum {MAX_TTL_SECS} (10 years)"),
+                    "use at most 315360000 seconds, e.g. 2592000 (30 days)",
+                ));
+            }
+        }
         let p = &self.pipeline;
         if p.max_in_flight_per_partition == 0 {
             return Err(bad(
@@ -474,7 +493,7 @@ fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
             .entry(section.to_owned())
             .or_insert_with(|| serde_json::Value::Object(Default::default()));
         if let serde_json::Value::Object(m) = entry {
-            m.insert(key.to_owned(), scalar(value));
+            m.insert(key.to_owned(), typed(section, key, value));
         }
     }
     Serialized::defaults(serde_json::Value::Object(tree))
@@ -482,13 +501,19 @@ fn env_provider(env: &[(String, String)]) -> Serialized<serde_json::Value> {
 
 /// True when `section.key` is a key of the defaults.
 fn known_key(section: &str, key: &str) -> bool {
-    static KNOWN: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-    let known = KNOWN.get_or_init(|| {
+    default_value(section, key).is_some()
+}
+
+/// The default of `section.key` (config/default.toml), None for a key it
+/// does not list.
+fn default_value(section: &str, key: &str) -> Option<&'static serde_json::Value> {
+    static DEFAULTS: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let defaults = DEFAULTS.get_or_init(|| {
         Figment::from(Toml::string(DEFAULT_TOML))
             .extract::<serde_json::Value>()
             .unwrap_or_default()
     });
-    known.get(section).and_then(|s| s.get(key)).is_some()
+    defaults.get(section).and_then(|s| s.get(key))
 }
 
 fn override_provider(key: &str, value: &str) -> Result<Serialized<serde_json::Value>, ConfigError> {
@@ -502,27 +527,44 @@ fn override_provider(key: &str, value: &str) -> Result<Serialized<serde_json::Va
         Some((client @ ("consumer" | "producer"), prop)) if section == "kafka" => {
             serde_json::json!({ client: { prop: value } })
         }
-        _ => serde_json::json!({ rest: scalar(value) }),
+        _ => serde_json::json!({ rest: typed(section, rest, value) }),
     };
     Ok(Serialized::default(section, value))
 }
 
-/// Environment and flag values are strings; numbers and booleans are read as
-/// such so that typed keys accept them.
-fn scalar(v: &str) -> serde_json::Value {
-    if let Ok(n) = v.parse::<u64>() {
-        return n.into();
-    }
-    if let Ok(f) = v.parse::<f64>() {
-        if v.contains('.') {
-            return f.into();
+/// An environment or flag value (always text) typed after the key's default:
+/// a string key keeps the text whatever it looks like (a password `111111`,
+/// a group id `20261130`), a number or boolean key gets a number or boolean
+/// when the text is one. Text a typed key cannot take stays text, so the
+/// extract reports the key and the expected type.
+fn typed(section: &str, key: &str, v: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let number = || -> Option<Value> {
+        if let Ok(n) = v.parse::<u64>() {
+            return Some(n.into());
         }
-    }
-    match v {
-        "true" => true.into(),
-        "false" => false.into(),
-        _ => v.into(),
-    }
+        if let Ok(n) = v.parse::<i64>() {
+            return Some(n.into());
+        }
+        v.parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .and_then(|f| serde_json::Number::from_f64(f).map(Value::Number))
+    };
+    let boolean = || match v {
+        "true" => Some(Value::Bool(true)),
+        "false" => Some(Value::Bool(false)),
+        _ => None,
+    };
+    let typed = match default_value(section, key) {
+        Some(Value::String(_)) => None,
+        Some(Value::Number(_)) => number(),
+        Some(Value::Bool(_)) => boolean(),
+        // Not a key of the defaults (refused by the extract, which names
+        // it): the best guess, so that the error is about the key.
+        _ => number().or_else(boolean),
+    };
+    typed.unwrap_or_else(|| v.into())
 }
 
 fn one_line(e: &figment::Error) -> String {
@@ -650,6 +692,89 @@ mod tests {
             let e = load(&[], &[(key, value)]).unwrap_err().to_string();
             assert!(e.contains(named), "{key}={value}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn string_keys_keep_numeric_looking_text() {
+        let s = load(
+            &[
+                ("DEDUCTOR_REDIS_PASSWORD", "111111"),
+                ("DEDUCTOR_REDIS_USERNAME", "true"),
+                ("DEDUCTOR_LOG_LEVEL", "info"),
+            ],
+            &[
+                ("kafka.group_id", "20261130"),
+                ("kafka.group_instance_id", "007"),
+                ("redis.key_prefix", "1.5"),
+            ],
+        )
+        .expect("numeric-looking strings are strings");
+        assert_eq!(s.redis.password, "111111");
+        assert_eq!(s.redis.username, "true");
+        assert_eq!(s.kafka.group_id, "20261130");
+        assert_eq!(s.kafka.group_instance_id, "007", "leading zero kept");
+        assert_eq!(s.redis.key_prefix, "1.5");
+        let s = load(&[("DEDUCTOR_KAFKA_GROUP_ID", "42")], &[]).unwrap();
+        assert_eq!(s.kafka.group_id, "42");
+    }
+
+    #[test]
+    fn typed_keys_still_parse_from_env_and_flags() {
+        let s = load(
+            &[
+                ("DEDUCTOR_REDIS_RECORD_TTL_SECS", "864000"),
+                ("DEDUCTOR_PIPELINE_EXIT_WHEN_DRAINED", "true"),
+                ("DEDUCTOR_RETRY_MULTIPLIER", "1.5"),
+            ],
+            &[
+                ("retry.max_interval_ms", "7000"),
+                ("redis.tls_insecure_skip_verify", "false"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.redis.record_ttl_secs, 864_000);
+        assert!(s.pipeline.exit_when_drained);
+        assert_eq!(s.retry.multiplier, 1.5);
+        assert_eq!(s.retry.max_interval_ms, 7000);
+        let s = load(&[], &[("retry.multiplier", "3")]).unwrap();
+        assert_eq!(s.retry.multiplier, 3.0, "an integer for a float key");
+        for (key, value) in [
+            ("redis.pool_size", "-1"),
+            ("redis.pool_size", "1.5"),
+            ("pipeline.exit_when_drained", "yes"),
+        ] {
+            let e = load(&[], &[(key, value)]).unwrap_err().to_string();
+            assert!(e.contains(key), "{key}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn ttls_are_bounded() {
+        let ok = MAX_TTL_SECS.to_string();
+        let s = load(&[], &[("redis.record_ttl_secs", ok.as_str())]).unwrap();
+        assert_eq!(s.redis.record_ttl_secs, 315_360_000);
+        let over = (MAX_TTL_SECS + 1).to_string();
+        for (overrides, named) in [
+            (
+                vec![("redis.record_ttl_secs", "9999999999999999")],
+                "redis.record_ttl_secs",
+            ),
+            (
+                vec![("redis.record_ttl_secs", over.as_str())],
+                "redis.record_ttl_secs",
+            ),
+            (
+                vec![
+                    ("redis.record_ttl_secs", over.as_str()),
+                    ("redis.refund_ttl_secs", over.as_str()),
+                ],
+                "redis.refund_ttl_secs",
+            ),
+        ] {
+            let e = load(&[], &overrides).unwrap_err().to_string();
+            assert!(e.contains(named), "{overrides:?}: {e}");
+            assert!(e.contains("315360000"), "names the maximum: {e}");
         }
     }
 

@@ -66,7 +66,7 @@ pub fn describe() {
     describe_gauge!(IN_FLIGHT, "Events started and not yet acknowledged.");
     describe_gauge!(
         LAG,
-        "Consumer lag per partition, from librdkafka statistics."
+        "Consumer lag per partition held, from librdkafka statistics; 0 once revoked."
     );
     describe_histogram!(
         EVENT_DURATION,
@@ -120,6 +120,15 @@ pub fn event_duration(seconds: f64) {
 
 pub fn consumer_lag(partition: i32, lag: i64) {
     gauge!(LAG, "partition" => partition.to_string()).set(lag as f64);
+}
+
+/// A partition revoked from this instance reads 0 from then on (until it is
+/// assigned again). The `metrics` facade cannot remove one series, and the
+/// exporter's idle timeout would also drop the gauges that are set rarely
+/// (build info, assigned partitions); 0 is harmless to the group-lag
+/// expression `max by (partition)`, which takes the owner's value.
+pub fn consumer_lag_revoked(partition: i32) {
+    gauge!(LAG, "partition" => partition.to_string()).set(0.0);
 }
 
 /// Kafka errors by a small fixed set of kinds.

@@ -93,6 +93,18 @@ async fn configuration_errors_name_the_key_in_one_line() {
     )
     .await;
     assert_one_line_error(&o, "kafka.input_topic", "run with a bad topic name");
+    // A TTL of 16 digits made every deduct fail BADARG at run time; now
+    // refused at start (`check` with nothing reachable: the old code failed
+    // there too, but not on the key).
+    let o = deductor(
+        &env(&[
+            ("DEDUCTOR_KAFKA_BROKERS", "127.0.0.1:1"),
+            ("DEDUCTOR_REDIS_URL", "redis://127.0.0.1:1"),
+        ]),
+        &["check", "--set", "redis.record_ttl_secs=9999999999999999"],
+    )
+    .await;
+    assert_one_line_error(&o, "redis.record_ttl_secs", "check with a 16-digit TTL");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,7 +283,8 @@ async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() 
 async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
     let f = Fixture::new("health", 3).await;
     let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
+    // A wildcard address, as in the image: the probe asks it on loopback.
+    let listen = format!("0.0.0.0:{port}");
     let mut child = service::spawn(&f.env(&[("http.listen", &listen)]), &["run"]);
     let url = format!("http://127.0.0.1:{port}/healthz");
     let probe_env = env(&[]);
@@ -291,9 +304,38 @@ async fn healthcheck_answers_for_a_running_service_and_sigterm_exits_zero() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let closed = format!("http://127.0.0.1:{}/healthz", free_port());
+    // Without --url: the port of http.listen, from the environment (as the
+    // image's HEALTHCHECK sees it) or from a flag.
+    let o = deductor(&env(&[("DEDUCTOR_HTTP_LISTEN", &listen)]), &["healthcheck"]).await;
+    assert!(
+        o.status.success(),
+        "healthcheck with DEDUCTOR_HTTP_LISTEN={listen}: {}",
+        stderr(&o)
+    );
+    let flag = format!("http.listen=127.0.0.1:{port}");
+    let o = deductor(&probe_env, &["healthcheck", "--set", &flag]).await;
+    assert!(
+        o.status.success(),
+        "healthcheck --set {flag}: {}",
+        stderr(&o)
+    );
+    let o = deductor(&probe_env, &["healthcheck", "--set", "http.listen="]).await;
+    assert_one_line_error(&o, "http.listen", "healthcheck with http.listen empty");
+
+    let closed_port = free_port();
+    let closed = format!("http://127.0.0.1:{closed_port}/healthz");
     let o = deductor(&probe_env, &["healthcheck", "--url", &closed]).await;
     assert_one_line_error(&o, "127.0.0.1", "healthcheck against a closed port");
+    let o = deductor(
+        &env(&[("DEDUCTOR_HTTP_LISTEN", &format!("0.0.0.0:{closed_port}"))]),
+        &["healthcheck"],
+    )
+    .await;
+    assert_one_line_error(
+        &o,
+        &format!("127.0.0.1:{closed_port}"),
+        "healthcheck of an http.listen nothing serves",
+    );
 
     let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
         .await
@@ -1396,4 +1438,38 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
     // delete --force removes even a corrupt hash.
     promo::delete(&r.ledger, &p, true).await.unwrap();
     assert_eq!(r.promo_field("p", "stock").await, None);
+}
+
+/// scripts/dev-stack (behind the README's commands) formats Kafka's storage
+/// with a random cluster id; one starting with '-' (1 draw in 64) was read as
+/// an option and the format failed. 500 ids from its own generator: each a
+/// 22-character URL-safe base64 id that does not start with '-'.
+#[test]
+fn dev_stack_cluster_ids_never_start_with_a_dash() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dev-stack");
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            r#"source "$1" && for _ in $(seq 500); do kafka_cluster_id; done"#,
+            "bash",
+            script,
+        ])
+        .output()
+        .expect("running bash");
+    assert!(
+        out.status.success(),
+        "sourcing {script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(ids.lines().count(), 500, "{ids}");
+    for id in ids.lines() {
+        assert_eq!(id.len(), 22, "{id:?}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{id:?}"
+        );
+        assert!(!id.starts_with('-'), "{id:?} starts with '-'");
+    }
 }

@@ -3,6 +3,8 @@
 //! consumer that leaves and rejoins its group mid-stream. After each: every
 //! event has an outcome (or dead letter), one decision per event, and the
 //! Redis counters equal what the decisions add up to (no double deduction).
+//! Then records too large for Kafka to dead-letter whole, which must not
+//! stop the service on their offset.
 
 mod common;
 
@@ -273,4 +275,151 @@ async fn rebalance_while_partitions_are_paused_for_backpressure() {
     let dlq = kafka::read_all(&f.topics.dlq).await;
     workload::verify("paused rebalance", &w, &outcomes, &dlq, &ledger).await;
     f.cleanup().await;
+}
+
+/// The value of a JSON event of `order_id` padded to exactly `size` bytes:
+/// far above the contract's limit, so it is dead-lettered as `too_large`,
+/// yet readable enough for an `invalid_event` rejection.
+fn padded_event(order_id: &str, size: usize) -> Vec<u8> {
+    let mut v = event(order_id);
+    v["pad"] = serde_json::json!("");
+    let bare = serde_json::to_vec(&v).unwrap().len();
+    v["pad"] = serde_json::json!("x".repeat(size - bare));
+    let out = serde_json::to_vec(&v).unwrap();
+    assert_eq!(out.len(), size);
+    out
+}
+
+fn event(order_id: &str) -> serde_json::Value {
+    serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-{order_id}"),
+        "order_id": order_id, "customer_id": "c-1", "occurred_at": "2026-11-29T10:00:00Z",
+        "lines": [{"promotion_id": "flash-42", "budget": 1500}]})
+}
+
+/// Records as large as the input topic accepts (its `max.message.bytes` is
+/// 2 MiB here; the dead-letter topic keeps the broker default of 1,048,588)
+/// are dead-lettered, whole when the producer and the dead-letter topic
+/// take them, else truncated with headers saying so, and the partition
+/// moves on: the events after them are decided and everything is committed.
+/// `producer` is the service's `message.max.bytes` (None: its default).
+async fn oversized_records_are_dead_lettered(label: &str, producer: Option<&str>) {
+    const WHOLE: usize = 1_040_000;
+    const CUT: usize = 1_500_000;
+    let f = Fixture::new(label, 1).await;
+    kafka::set_topic_config(&f.topics.input, &[("max.message.bytes", "2097152")]).await;
+    let records: Vec<(&str, Vec<u8>)> = vec![
+        ("o-a", serde_json::to_vec(&event("o-a")).unwrap()),
+        ("o-big-1", padded_event("o-big-1", WHOLE)),
+        ("o-b", serde_json::to_vec(&event("o-b")).unwrap()),
+        ("o-big-2", padded_event("o-big-2", CUT)),
+        ("o-c", serde_json::to_vec(&event("o-c")).unwrap()),
+    ];
+    let raws: Vec<kafka::Raw> = records
+        .iter()
+        .map(|(k, v)| kafka::Raw {
+            key: Some(k.as_bytes().to_vec()),
+            payload: Some(v.clone()),
+            ..kafka::Raw::default()
+        })
+        .collect();
+    kafka::produce_raw_with(&kafka::large_producer(), &f.topics.input, &raws).await;
+
+    let extra: Vec<(&str, &str)> = producer
+        .map(|p| ("kafka.producer.message.max.bytes", p))
+        .into_iter()
+        .collect();
+    let mut svc = service::start(f.settings(&extra));
+    let alive = |s: &service::InProcess| assert!(!s.is_finished(), "the service stopped");
+    // Every event has an outcome: the valid ones a decision, the big ones an
+    // invalid_event rejection.
+    let outcomes = kafka::read_until(&f.topics.outcome, WAIT, |r| {
+        alive(&svc);
+        r.len() >= records.len()
+    })
+    .await;
+    let dead = kafka::read_until(&f.topics.dlq, WAIT, |r| {
+        alive(&svc);
+        r.len() >= 2
+    })
+    .await;
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, WAIT).await;
+    svc.assert_running().await;
+    let (result, _) = svc.stop(Duration::from_secs(30)).await;
+    result.expect("the service stops cleanly");
+
+    let by_order = kafka::by_field(&outcomes, "order_id");
+    for (order, _) in &records {
+        assert_eq!(
+            by_order.get(*order).map(Vec::len),
+            Some(1),
+            "one outcome for {order}: {by_order:?}"
+        );
+    }
+    for order in ["o-big-1", "o-big-2"] {
+        assert_eq!(by_order[order][0]["reason"], "invalid_event", "{order}");
+    }
+    assert_eq!(dead.len(), 2, "one dead letter per big record");
+    let letter = |offset: i64| {
+        dead.iter()
+            .find(|d| d.headers.get("deductor.source.offset") == Some(&offset.to_string()))
+            .unwrap_or_else(|| panic!("no dead letter for offset {offset}"))
+    };
+    let h = |d: &kafka::Record, name: &str| d.headers.get(name).cloned();
+
+    // 1,040,000 bytes fit the service's producer and the default topic.
+    let whole = letter(1);
+    assert_eq!(whole.key_str().as_deref(), Some("o-big-1"), "key kept");
+    assert_eq!(
+        h(whole, "deductor.error.kind").as_deref(),
+        Some("too_large")
+    );
+    assert_eq!(
+        whole.payload.as_deref(),
+        Some(records[1].1.as_slice()),
+        "whole"
+    );
+    assert_eq!(h(whole, "deductor.truncated"), None);
+    assert_eq!(h(whole, "deductor.original.size"), None);
+
+    // 1,500,000 bytes fit neither: cut to 64 KiB.
+    let cut = letter(3);
+    assert_eq!(cut.key_str().as_deref(), Some("o-big-2"), "key kept");
+    assert_eq!(h(cut, "deductor.error.kind").as_deref(), Some("too_large"));
+    assert_eq!(h(cut, "deductor.truncated").as_deref(), Some("true"));
+    assert_eq!(
+        h(cut, "deductor.original.size"),
+        Some(CUT.to_string()),
+        "original size"
+    );
+    assert_eq!(h(cut, "deductor.original.key.size"), None, "key not cut");
+    assert_eq!(
+        cut.payload.as_deref(),
+        Some(&records[3].1[..65536]),
+        "the first 64 KiB"
+    );
+    for name in [
+        "deductor.error",
+        "deductor.source.topic",
+        "deductor.source.partition",
+        "deductor.source.timestamp",
+        "deductor.consumer.group",
+    ] {
+        assert!(h(cut, name).is_some_and(|v| !v.is_empty()), "{name}");
+    }
+    f.cleanup().await;
+}
+
+/// The 1.5 MB record is refused by librdkafka before it is sent (above the
+/// producer's `message.max.bytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_above_the_producer_limit_are_dead_lettered_and_the_partition_moves_on() {
+    oversized_records_are_dead_lettered("bigrec", None).await;
+}
+
+/// The service's producer takes 4 MB: the 1.5 MB record is refused by the
+/// broker (above the dead-letter topic's `max.message.bytes`), and the
+/// idempotent producer goes on after that refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_dead_letter_topic_refuses_are_dead_lettered_truncated() {
+    oversized_records_are_dead_lettered("bigrecbroker", Some("4000000")).await;
 }

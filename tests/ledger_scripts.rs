@@ -85,6 +85,8 @@ async fn accept_deducts_counts_and_records() {
     let want: Vec<(&str, &str)> = vec![
         ("budget", "30"),
         ("budget0", "30"),
+        ("counted", "1"),
+        ("customer", "c1"),
         ("event", "e1"),
         ("state", "deducted"),
         ("stock", "1"),
@@ -116,13 +118,22 @@ async fn replay_of_an_accepted_line_is_a_duplicate_and_changes_nothing() {
     assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
 
     // A new event of the same order is absorbed by the record too (step 1);
-    // only its memo is written, so that it keeps its decision.
+    // its memo is written, so that it keeps its decision, and the record
+    // notes the first absorbed event (release.lua hands the deduction over).
     let e2 = placed("e2", "o1", "c1", T, &[("p", 50, 3)]);
     let d = r.ledger.place(&e2).await.unwrap();
     assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
     let memo = r.keys().rejected(&id("p"), &id("e2"));
-    assert_eq!(diff(&before, &r.dump().await), vec![memo.clone()]);
+    let record = r.keys().record(&id("p"), &id("o1"));
+    assert_eq!(
+        diff(&before, &r.dump().await),
+        vec![record.clone(), memo.clone()]
+    );
     assert_eq!(r.get(&memo).await.as_deref(), Some("accepted"));
+    assert_eq!(
+        r.hgetall(&record).await.get("absorbed").map(String::as_str),
+        Some("e2")
+    );
 
     // After the order's refund, both placement events still answer accepted.
     r.ledger
@@ -549,8 +560,20 @@ async fn refund_above_the_outstanding_amount_is_rejected() {
             (Err(Reason::ExceedsDeducted), false, 0, 0),
             "{event}"
         );
-        let memo = r.keys().refund(&id("p"), &id(event));
-        assert_eq!(diff(&before, &r.dump().await), vec![memo], "{event}");
+        // The result is kept in the order's record (field refund:<E>).
+        let record = r.keys().record(&id("p"), &id("o1"));
+        assert_eq!(
+            diff(&before, &r.dump().await),
+            vec![record.clone()],
+            "{event}"
+        );
+        assert_eq!(
+            r.hgetall(&record)
+                .await
+                .get(&format!("refund:{event}"))
+                .map(String::as_str),
+            Some("rejected exceeds_deducted")
+        );
     }
 }
 
@@ -572,8 +595,14 @@ async fn refund_replay_returns_the_stored_result() {
     assert_eq!(line(&first, 0), (Ok(()), false, 10, 1));
     assert_eq!(line(&first, 1), (Err(Reason::NoDeduction), false, 0, 0));
     assert!(first.applied());
-    let memo = r.keys().refund(&id("p"), &id("r1"));
-    assert_eq!(r.get(&memo).await.as_deref(), Some("applied 10 1"));
+    let record = r.keys().record(&id("p"), &id("o1"));
+    assert_eq!(
+        r.hgetall(&record)
+            .await
+            .get("refund:r1")
+            .map(String::as_str),
+        Some("applied 10 1")
+    );
 
     let before = r.dump().await;
     let again = r.ledger.refund(&e).await.unwrap();
@@ -701,7 +730,7 @@ async fn multi_line_replay_finishes_a_release_a_crash_interrupted() {
     let k = r
         .keys()
         .deduct_line(&id("a"), &id("o1"), &id("c"), &id("e1"));
-    let args = ["10", "0", "1800000000", "e1", "1000", "1000"]
+    let args = ["10", "0", "1800000000", "e1", "1000", "1000", "c"]
         .map(String::from)
         .to_vec();
     r.eval(scripts::DEDUCT.body, k.as_vec(), args)
@@ -749,23 +778,28 @@ async fn release_leaves_a_line_another_event_deducted() {
     let h = r.hgetall(&r.keys().record(&id("a"), &id("o1"))).await;
     assert_eq!(h["event"], "e1");
 
+    assert!(
+        !h.contains_key("absorbed"),
+        "the rejected e2 no longer holds a's record: {h:?}"
+    );
+
     // release.lua directly: not this event's record -> 0; this event's -> 1; again -> 0.
-    let keys = |k: deductor::domain::keys::LineKeys| vec![k.promotion, k.used, k.record];
     let k = r
         .keys()
         .deduct_line(&id("a"), &id("o1"), &id("c"), &id("e2"));
+    let args = |e: &str| vec![e.to_owned(), "1000".to_owned(), "c".to_owned()];
     let v = r
-        .eval(scripts::RELEASE.body, keys(k.clone()), vec!["e2".into()])
+        .eval(scripts::RELEASE.body, k.as_vec(), args("e2"))
         .await
         .unwrap();
     assert_eq!(v, Value::Array(vec![Value::Integer(0)]));
     let v = r
-        .eval(scripts::RELEASE.body, keys(k.clone()), vec!["e1".into()])
+        .eval(scripts::RELEASE.body, k.as_vec(), args("e1"))
         .await
         .unwrap();
     assert_eq!(v, Value::Array(vec![Value::Integer(1)]));
     let v = r
-        .eval(scripts::RELEASE.body, keys(k), vec!["e1".into()])
+        .eval(scripts::RELEASE.body, k.as_vec(), args("e1"))
         .await
         .unwrap();
     assert_eq!(v, Value::Array(vec![Value::Integer(0)]));
@@ -773,7 +807,8 @@ async fn release_leaves_a_line_another_event_deducted() {
 }
 
 /// Each corrupt value, in each place a script reads it: the decision is
-/// `corrupt_promotion` and no key changes.
+/// `corrupt_promotion`, remembered under the event's memo (the only key
+/// written), except when the memo itself is what is corrupt.
 #[tokio::test]
 async fn corrupt_stored_values_reject_and_write_nothing() {
     let r = standalone().await;
@@ -818,11 +853,13 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
                 (false, Reason::CorruptPromotion, "p".into()),
                 "{field}={value:?}"
             );
+            let memo = r.keys().rejected(&p, &id(&format!("e{n}")));
             assert_eq!(
                 diff(&before, &r.dump().await),
-                Vec::<String>::new(),
+                vec![memo.clone()],
                 "{field}={value:?}"
             );
+            assert_eq!(r.get(&memo).await.as_deref(), Some("corrupt_promotion"));
         }
     }
     // status, used, record fields and the memos.
@@ -835,7 +872,10 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
         .await
         .unwrap();
     assert_eq!(rejected(&d).1, Reason::CorruptPromotion);
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    assert_eq!(
+        diff(&before, &r.dump().await),
+        vec![r.keys().rejected(&p, &id("s1"))]
+    );
 
     r.seed(
         "p",
@@ -910,9 +950,14 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
             Reason::CorruptPromotion,
             "{which} {fields:?}"
         );
+        let written = if which == "memo" {
+            vec![]
+        } else {
+            vec![k.memo.clone()]
+        };
         assert_eq!(
             diff(&before, &r.dump().await),
-            Vec::<String>::new(),
+            written,
             "{which} {fields:?}"
         );
     }
@@ -971,11 +1016,15 @@ async fn wrong_key_types_are_corrupt() {
             Err(Reason::CorruptPromotion),
             "rollback key {i}"
         );
-        assert_eq!(
-            diff(&before, &r.dump().await),
-            Vec::<String>::new(),
-            "key {i}"
-        );
+        // The placement and the refund remember their corrupt_promotion
+        // under their memos, unless the memo is the corrupt key.
+        let mut written = if i < 3 {
+            vec![place[3].clone(), refund[3].clone()]
+        } else {
+            vec![]
+        };
+        written.sort();
+        assert_eq!(diff(&before, &r.dump().await), written, "key {i}");
     }
 }
 
@@ -993,13 +1042,17 @@ async fn corrupt_line_of_a_multi_line_order_releases_the_others() {
         .await
         .unwrap();
     assert_eq!(rejected(&d), (false, Reason::CorruptPromotion, "b".into()));
-    // a was deducted, then released: only its per-customer counter remains, at 0.
+    // a was deducted, then released and marked; b remembers the rejection;
+    // a's per-customer counter remains, at 0.
+    let memo_a = r.keys().rejected(&id("a"), &id("e1"));
+    let memo_b = r.keys().rejected(&id("b"), &id("e1"));
     assert_eq!(
         diff(&before, &r.dump().await),
-        vec![used.clone()],
-        "nothing stored for corrupt data"
+        vec![memo_a.clone(), used.clone(), memo_b.clone()],
     );
     assert_eq!(r.get(&used).await.as_deref(), Some("0"));
+    assert_eq!(r.get(&memo_a).await.as_deref(), Some("released"));
+    assert_eq!(r.get(&memo_b).await.as_deref(), Some("corrupt_promotion"));
 
     // A corrupt rejection memo found by the look-up before deducting.
     r.seed("b", &[("budget", "100")]).await;
@@ -1012,7 +1065,11 @@ async fn corrupt_line_of_a_multi_line_order_releases_the_others() {
         .await
         .unwrap();
     assert_eq!(rejected(&d), (false, Reason::CorruptPromotion, "b".into()));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    // Only a's line is marked released (b's memo cannot be written over).
+    assert_eq!(
+        diff(&before, &r.dump().await),
+        vec![r.keys().rejected(&id("a"), &id("e2"))]
+    );
 }
 
 #[tokio::test]
@@ -1054,7 +1111,7 @@ async fn bad_arguments_are_badarg_error_replies() {
     let k = r
         .keys()
         .deduct_line(&id("p"), &id("o1"), &id("c"), &id("e1"));
-    let good = ["1", "1", "1800000000", "e1", "1000", "1000"];
+    let good = ["1", "1", "1800000000", "e1", "1000", "1000", "c"];
     let before = r.dump().await;
     let bad_numbers = [
         "-3",
@@ -1081,14 +1138,16 @@ async fn bad_arguments_are_badarg_error_replies() {
         }
     }
     for v in ["", "a:b", "{x}", "e 1"] {
-        let mut args = good.map(String::from).to_vec();
-        args[3] = v.into();
-        cases.push(args);
+        for i in [3, 6] {
+            let mut args = good.map(String::from).to_vec();
+            args[i] = v.into();
+            cases.push(args);
+        }
     }
     let mut zero_ttl = good.map(String::from).to_vec();
     zero_ttl[4] = "0".into();
     cases.push(zero_ttl);
-    cases.push(good[..5].iter().map(|s| s.to_string()).collect());
+    cases.push(good[..6].iter().map(|s| s.to_string()).collect());
     for args in cases {
         let e = r
             .eval(scripts::DEDUCT.body, k.as_vec(), args.clone())
@@ -1110,10 +1169,12 @@ async fn bad_arguments_are_badarg_error_replies() {
         .keys()
         .rollback_line(&id("p"), &id("o1"), &id("c"), &id("r1"));
     for args in [
-        ["x", "", "1000", "1000"],
-        ["", "-1", "1000", "1000"],
-        ["", "", "0", "1000"],
-        ["", "", "1000", "1e3"],
+        ["x", "", "1000", "1000", "r1", "c"],
+        ["", "-1", "1000", "1000", "r1", "c"],
+        ["", "", "0", "1000", "r1", "c"],
+        ["", "", "1000", "1e3", "r1", "c"],
+        ["", "", "1000", "1000", "r:1", "c"],
+        ["", "", "1000", "1000", "r1", ""],
     ] {
         let e = r
             .eval(
@@ -1125,8 +1186,16 @@ async fn bad_arguments_are_badarg_error_replies() {
             .unwrap_err();
         assert_eq!(classify_code(&e), ErrorClass::BadArg, "{args:?}: {e}");
     }
-    let rel = vec![k.promotion.clone(), k.used.clone(), k.record.clone()];
-    for args in [vec![], vec!["".to_string()], vec!["e1".into(), "x".into()]] {
+    let rel = k.as_vec();
+    let s3 = |a: &str, b: &str, c: &str| vec![a.to_owned(), b.to_owned(), c.to_owned()];
+    for args in [
+        vec![],
+        vec!["".to_string()],
+        vec!["e1".into(), "x".into()],
+        s3("", "1000", "c"),
+        s3("e1", "0", "c"),
+        s3("e1", "1000", "c d"),
+    ] {
         let e = r
             .eval(scripts::RELEASE.body, rel.clone(), args.clone())
             .await
@@ -1271,7 +1340,8 @@ async fn promo_set_refuses_without_force_and_replaces_with_it() {
     );
     assert_eq!(v.initial_budget, Some(5));
     let fields = r.hgetall(&r.keys().promotion(&p)).await;
-    assert_eq!(fields.len(), 3, "the whole hash was replaced: {fields:?}");
+    assert_eq!(fields.len(), 4, "the whole hash was replaced: {fields:?}");
+    assert_eq!(fields["gen"], "2", "a new incarnation");
 
     // What promo set writes is what the scripts read.
     let d = r

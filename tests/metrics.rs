@@ -2,7 +2,9 @@
 //! partitions are assigned, `/healthz`, and `/metrics` after one valid and
 //! one invalid event: the main metric families are there and the whole
 //! exposition passes `promtool check metrics` (Prometheus's own parser and
-//! linter; `.ci/run` installs it from Debian's `prometheus` package).
+//! linter; `scripts/install-deps` installs it from Debian's `prometheus`
+//! package). And a partition revoked from an instance no longer shows its
+//! old lag there.
 
 mod common;
 
@@ -59,8 +61,8 @@ fn promtool_check(exposition: &str) -> (bool, String) {
         .spawn()
         .unwrap_or_else(|e| {
             panic!(
-                "cannot run {} ({e}): install promtool (Debian package prometheus; .ci/run \
-                 extracts it to /usr/local/bin) or set DEDUCTOR_PROMTOOL",
+                "cannot run {} ({e}): install promtool (scripts/install-deps extracts it from \
+                 Debian's prometheus package to /usr/local/bin) or set DEDUCTOR_PROMTOOL",
                 promtool()
             )
         });
@@ -195,6 +197,212 @@ async fn live_metrics_parse_and_probes_answer() {
         status.success(),
         "exit status {status}; log:\n{}",
         child.log_tail(30)
+    );
+    ledger.quit().await;
+    f.cleanup().await;
+}
+
+/// The lag gauges of an exposition: partition -> value.
+fn lags(exposition: &str) -> std::collections::BTreeMap<i32, f64> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix(r#"deductor_consumer_lag{partition=""#))
+        .filter_map(|l| {
+            let (p, rest) = l.split_once('"')?;
+            let v = rest.rsplit(' ').next()?;
+            Some((p.parse().ok()?, v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A TCP proxy to Redis that can be frozen: while frozen it holds every
+/// byte, so each command of a client behind it hangs until its timeout and
+/// the events in flight cannot finish (nor their offsets be committed).
+struct FreezableProxy {
+    addr: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FreezableProxy {
+    async fn start(target: String) -> FreezableProxy {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the proxy");
+        let addr = listener.local_addr().unwrap().to_string();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let f = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(Self::pipe(cr, sw, f.clone()));
+                tokio::spawn(Self::pipe(sr, cw, f.clone()));
+            }
+        });
+        FreezableProxy { addr, frozen }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while frozen.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The `host:port` of a `redis://[auth@]host:port[/db]` url.
+fn redis_host(url: &str) -> String {
+    let rest = url
+        .strip_prefix("redis://")
+        .unwrap_or_else(|| panic!("this test proxies a redis:// url, not {url}"));
+    let host_and_path = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    host_and_path
+        .split(['/', '?'])
+        .next()
+        .unwrap_or(host_and_path)
+        .to_owned()
+}
+
+/// Issue 10: a partition revoked while it had lag kept its last lag value on
+/// the old owner (librdkafka goes on reporting it, stale), which held up the
+/// group lag and could page `DeductorStalled` falsely. Instance A holds both
+/// partitions with 3 events of lag each that it cannot finish (its Redis is
+/// frozen); B joins and takes one partition; A's series of that partition
+/// must read 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_partition_lag_reads_zero_on_the_old_owner() {
+    let f = Fixture::new("lagrevoke", 2).await;
+    let ledger = f.ledger().await;
+    f.promo(
+        &ledger,
+        "lag1",
+        PromoSpec {
+            budget: Some(1_000),
+            stock: Some(100),
+            ..PromoSpec::default()
+        },
+    )
+    .await;
+    let target = redis_host(&f.redis_url);
+    let proxy = FreezableProxy::start(target.clone()).await;
+    let proxied_url = f.redis_url.replacen(&target, &proxy.addr, 1);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let env_a = f.env(&[
+        ("http.listen", addr.as_str()),
+        ("kafka.consumer.statistics.interval.ms", "1000"),
+        ("redis.url", proxied_url.as_str()),
+        ("redis.command_timeout_ms", "500"),
+    ]);
+    let mut a = service::spawn(&env_a, &["run"]);
+
+    let event = |n: u32, partition: i32| kafka::Raw {
+        key: Some(format!("o-lag-{n}").into_bytes()),
+        payload: Some(
+            serde_json::to_vec(
+                &json!({"type": "OrderPlaced", "event_id": format!("e-lag-{n}"),
+                "order_id": format!("o-lag-{n}"), "customer_id": "c-1",
+                "occurred_at": "2026-11-29T10:00:00Z",
+                "lines": [{"promotion_id": "lag1", "budget": 1, "stock": 1}]}),
+            )
+            .unwrap(),
+        ),
+        partition: Some(partition),
+        ..kafka::Raw::default()
+    };
+    // One event per partition, processed and committed: A knows a committed
+    // offset on both, so librdkafka can compute their lag.
+    kafka::produce_raw(&f.topics.input, &[event(0, 0), event(1, 1)]).await;
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 2, WAIT).await;
+
+    // Redis frozen for A: 3 more events per partition stay in flight.
+    proxy.freeze();
+    let more: Vec<kafka::Raw> = (2..8).map(|n| event(n, (n % 2) as i32)).collect();
+    kafka::produce_raw(&f.topics.input, &more).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        a.assert_running();
+        let (_, body) = get(&addr, "/metrics").await.expect("GET /metrics");
+        let l = lags(&body);
+        if l.get(&0) == Some(&3.0) && l.get(&1) == Some(&3.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag never 3 on both partitions: {l:?}\n{body}\nlog:\n{}",
+            a.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // B joins (with a working Redis) and takes one of the two partitions.
+    let mut b = service::spawn(&f.env(&[]), &["run"]);
+    let deadline = Instant::now() + WAIT;
+    let (held, body) = loop {
+        a.assert_running();
+        b.assert_running();
+        let (_, body) = get(&addr, "/metrics").await.expect("GET /metrics");
+        let l = lags(&body);
+        let held: Vec<i32> = l
+            .iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(p, _)| *p)
+            .collect();
+        if body.contains("deductor_assigned_partitions 1") && l.len() == 2 && held.len() == 1 {
+            break (held[0], body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A still reports lag on a partition it no longer holds: {l:?}\n{body}\nA's log:\n{}",
+            a.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let revoked = 1 - held;
+    assert!(
+        body.contains(&format!(
+            r#"deductor_consumer_lag{{partition="{revoked}"}} 0"#
+        )),
+        "{body}"
+    );
+    // The new owner processes the revoked partition's 3 events.
+    let outcomes = kafka::read_n(&f.topics.outcome, 5, WAIT).await;
+    assert_eq!(outcomes.len(), 5, "2 before the freeze, 3 by B");
+
+    a.kill();
+    let status = b.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "B exit status {status}; log:\n{}",
+        b.log_tail(30)
     );
     ledger.quit().await;
     f.cleanup().await;

@@ -78,8 +78,14 @@ const REASONS: &[&str] = &[
     "promotion_not_found",
     "promotion_inactive",
     "order_reverted",
+    "corrupt_promotion",
 ];
-const REFUND_REASONS: &[&str] = &["no_deduction", "already_reverted", "exceeds_deducted"];
+const REFUND_REASONS: &[&str] = &[
+    "no_deduction",
+    "already_reverted",
+    "exceeds_deducted",
+    "corrupt_promotion",
+];
 
 fn canonical(s: &str) -> bool {
     !s.is_empty()
@@ -111,6 +117,9 @@ fn num(s: &str) -> i64 {
 enum Expect {
     /// An error reply with this code and no write.
     Error(&'static str),
+    /// An error reply with this code, and the keys afterwards (deduct.lua
+    /// remembers corrupt data under the event's memo).
+    ErrorWrote(&'static str, Dump),
     /// This reply, and the keys afterwards.
     Reply(Vec<Reply>, Dump),
     /// memo.lua's string reply.
@@ -150,8 +159,14 @@ struct Promo {
     per_customer: Option<i64>,
     starts_at: Option<i64>,
     ends_at: Option<i64>,
+    initial_budget: Option<i64>,
+    initial_stock: Option<i64>,
     paused: bool,
+    gen: Option<String>,
 }
+
+/// The largest canonical value.
+const MAX_AMOUNT: i64 = 999_999_999_999_999;
 
 /// `Err(())` = corrupt.
 fn promo(d: &Dump, key: &str) -> Result<Option<Promo>, ()> {
@@ -172,13 +187,20 @@ fn promo(d: &Dump, key: &str) -> Result<Option<Promo>, ()> {
         Some("paused") => true,
         Some(_) => return Err(()),
     };
+    let gen = h.get("gen").cloned();
+    if gen.as_deref().is_some_and(|g| !canonical(g)) {
+        return Err(());
+    }
     Ok(Some(Promo {
         budget: field("budget")?,
         stock: field("stock")?,
         per_customer: field("per_customer")?,
         starts_at: field("starts_at")?,
         ends_at: field("ends_at")?,
+        initial_budget: field("initial_budget")?,
+        initial_stock: field("initial_stock")?,
         paused,
+        gen,
     }))
 }
 
@@ -198,6 +220,12 @@ struct Record {
     stock: i64,
     budget0: i64,
     stock0: i64,
+    customer: Option<String>,
+    /// `None`: a record older than the field.
+    counted: Option<bool>,
+    gen: Option<String>,
+    absorbed: Option<String>,
+    fields: BTreeMap<String, String>,
 }
 
 fn record(d: &Dump, key: &str) -> Result<Option<Record>, ()> {
@@ -225,6 +253,23 @@ fn record(d: &Dump, key: &str) -> Result<Option<Record>, ()> {
     if deducted && event.as_deref().is_none_or(str::is_empty) {
         return Err(());
     }
+    let id_field = |f: &str| -> Result<Option<String>, ()> {
+        match h.get(f) {
+            None => Ok(None),
+            Some(v) if valid_event(v) => Ok(Some(v.clone())),
+            Some(_) => Err(()),
+        }
+    };
+    let counted = match h.get("counted").map(String::as_str) {
+        None => None,
+        Some("0") => Some(false),
+        Some("1") => Some(true),
+        Some(_) => return Err(()),
+    };
+    let gen = h.get("gen").cloned();
+    if gen.as_deref().is_some_and(|g| !canonical(g)) {
+        return Err(());
+    }
     Ok(Some(Record {
         deducted,
         event,
@@ -232,6 +277,11 @@ fn record(d: &Dump, key: &str) -> Result<Option<Record>, ()> {
         stock: n[1],
         budget0: n[2],
         stock0: n[3],
+        customer: id_field("customer")?,
+        counted,
+        gen,
+        absorbed: id_field("absorbed")?,
+        fields: h.clone(),
     }))
 }
 
@@ -254,6 +304,14 @@ impl Writer {
         let h = self.hash(key);
         for (f, v) in pairs {
             h.insert((*f).to_owned(), v.clone());
+        }
+    }
+    /// HDEL; Redis removes a hash left empty.
+    fn hdel(&mut self, key: &str, f: &str) {
+        let h = self.hash(key);
+        h.remove(f);
+        if h.is_empty() {
+            self.0.remove(key);
         }
     }
     fn hincrby(&mut self, key: &str, f: &str, by: i64) -> i64 {
@@ -308,8 +366,44 @@ fn reply(st_: &str, reason: &str, dup: i64, rb: i64, rs: i64, l: (i64, i64)) -> 
     ]
 }
 
+/// A refund of what was taken from this incarnation (`gen`) of the
+/// promotion: added back, never past `initial_*` nor the 15-digit bound.
+/// Returns what the promotion has left afterwards.
+fn credit(w: &mut Writer, kp: &str, p: &Option<Promo>, r: &Record, b: i64, st: i64) -> (i64, i64) {
+    let mut l = left(p);
+    let Some(pr) = p else { return l };
+    if pr.gen != r.gen {
+        return l;
+    }
+    for (field, rem, init, amount, out) in [
+        ("budget", pr.budget, pr.initial_budget, b, &mut l.0),
+        ("stock", pr.stock, pr.initial_stock, st, &mut l.1),
+    ] {
+        let Some(rem) = rem else { continue };
+        if amount == 0 {
+            continue;
+        }
+        let cap = init.unwrap_or(MAX_AMOUNT).min(MAX_AMOUNT);
+        let room = cap - rem;
+        if room > 0 {
+            *out = w.hincrby(kp, field, amount.min(room));
+        }
+    }
+    l
+}
+
+fn placement_memo(d: &Dump, km: &str) -> Result<Option<String>, ()> {
+    match read(d, km, false) {
+        Read::Absent => Ok(None),
+        Read::Str(v) if REASONS.contains(&v) || v == "accepted" || v == "released" => {
+            Ok(Some(v.to_owned()))
+        }
+        _ => Err(()),
+    }
+}
+
 fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
-    if keys.len() != 4 || args.len() != 6 {
+    if keys.len() != 4 || args.len() != 7 {
         return Expect::Error("BADARG");
     }
     let ok_args = canonical(&args[0])
@@ -319,7 +413,8 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         && canonical(&args[4])
         && args[4] != "0"
         && canonical(&args[5])
-        && args[5] != "0";
+        && args[5] != "0"
+        && valid_event(&args[6]);
     if !ok_args {
         return Expect::Error("BADARG");
     }
@@ -330,43 +425,59 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         args[3].as_str(),
     );
     let (kp, ku, kr, km) = (&keys[0], &keys[1], &keys[2], &keys[3]);
-    // A rejection reason, or `accepted` (step 1 absorbed the event).
-    // A rejection reason, `accepted` (step 1 absorbed the event) or
-    // `released` (the line was released for a rejection on another line).
-    let memo = match read(d, km, false) {
-        Read::Absent => None,
-        Read::Str(v) if REASONS.contains(&v) || v == "accepted" || v == "released" => {
-            Some(v.to_owned())
-        }
-        _ => return Expect::Error("CORRUPT"),
-    };
-    let (Ok(p), Ok(u), Ok(rec)) = (promo(d, kp), used(d, ku), record(d, kr)) else {
+    // Step 0: a rejection reason, `accepted` (step 1 absorbed the event) or
+    // `released` (the line was released for a rejection on another line),
+    // answered whatever the other keys hold.
+    let Ok(memo) = placement_memo(d, km) else {
         return Expect::Error("CORRUPT");
     };
-    let u = u.unwrap_or(0);
     let mut w = Writer(d.clone());
-    if memo.as_deref() == Some("released") {
-        return Expect::Reply(reply("rejected", "released", 1, 0, 0, left(&p)), w.0);
+    match memo.as_deref() {
+        Some("released") => {
+            return Expect::Reply(reply("rejected", "released", 1, 0, 0, (-1, -1)), w.0)
+        }
+        Some("accepted") => {
+            // Corrupt data never turns the acceptance into a rejection.
+            let rec = record(d, kr).ok().flatten();
+            let p = promo(d, kp).ok().flatten();
+            let (b0, s0) = rec.as_ref().map_or((0, 0), |r| (r.budget0, r.stock0));
+            return Expect::Reply(reply("accepted", "", 1, b0, s0, left(&p)), w.0);
+        }
+        Some(m) => return Expect::Reply(reply("rejected", m, 1, 0, 0, (-1, -1)), w.0),
+        None => {}
     }
-    if memo.as_deref() == Some("accepted") {
-        let (b0, s0) = rec.as_ref().map_or((0, 0), |r| (r.budget0, r.stock0));
-        return Expect::Reply(reply("accepted", "", 1, b0, s0, left(&p)), w.0);
+    // Corrupt data is a decision too: remembered under the memo.
+    let remembered = |mut w: Writer| {
+        w.set_ex(km, "corrupt_promotion");
+        Expect::ErrorWrote("CORRUPT", w.0)
+    };
+    let Ok(rec) = record(d, kr) else {
+        return remembered(w);
+    };
+    // The record decides before the promotion is read.
+    if let Some(r) = &rec {
+        if r.deducted || r.event.as_deref() == Some(ev) {
+            if r.event.as_deref() != Some(ev) {
+                // Absorbed into another event's record: remembered, and the
+                // first absorbed event noted in the record.
+                w.set_ex(km, "accepted");
+                if r.deducted && r.absorbed.is_none() {
+                    w.hset(kr, &[("absorbed", ev.into())]);
+                }
+            }
+            let p = promo(d, kp).ok().flatten();
+            return Expect::Reply(reply("accepted", "", 1, r.budget0, r.stock0, left(&p)), w.0);
+        }
     }
-    if let Some(m) = memo {
-        return Expect::Reply(reply("rejected", &m, 1, 0, 0, left(&p)), w.0);
-    }
+    let (Ok(p), Ok(u)) = (promo(d, kp), used(d, ku)) else {
+        return remembered(w);
+    };
+    let u = u.unwrap_or(0);
     let reject = |w: &mut Writer, reason: &str| {
         w.set_ex(km, reason);
         reply("rejected", reason, 0, 0, 0, left(&p))
     };
-    if let Some(r) = rec {
-        if r.deducted || r.event.as_deref() == Some(ev) {
-            if r.event.as_deref() != Some(ev) {
-                // Absorbed into another event's record: remembered.
-                w.set_ex(km, "accepted");
-            }
-            return Expect::Reply(reply("accepted", "", 1, r.budget0, r.stock0, left(&p)), w.0);
-        }
+    if rec.is_some() {
         let rep = reject(&mut w, "order_reverted");
         return Expect::Reply(rep, w.0);
     }
@@ -402,6 +513,7 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         w.incr(ku, 1);
         w.expire(ku);
     }
+    let counted = if pr.per_customer.is_some() { "1" } else { "0" };
     w.hset(
         kr,
         &[
@@ -411,48 +523,85 @@ fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
             ("stock", args[1].clone()),
             ("budget0", args[0].clone()),
             ("stock0", args[1].clone()),
+            ("customer", args[6].clone()),
+            ("counted", counted.into()),
         ],
     );
+    if let Some(g) = &pr.gen {
+        w.hset(kr, &[("gen", g.clone())]);
+    }
     w.expire(kr);
     Expect::Reply(reply("accepted", "", 0, b, st, l), w.0)
 }
 
+/// A stored refund result: (status, reason, budget, stock), or corrupt.
+fn refund_result(v: &str) -> Result<(String, String, i64, i64), ()> {
+    let parts: Vec<&str> = v.split(' ').collect();
+    match parts.as_slice() {
+        ["applied", b, st] if canonical(b) && canonical(st) => {
+            Ok(("applied".into(), String::new(), num(b), num(st)))
+        }
+        ["rejected", r] if REFUND_REASONS.contains(r) => Ok(("rejected".into(), (*r).into(), 0, 0)),
+        _ => Err(()),
+    }
+}
+
 fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
-    if keys.len() != 4 || args.len() != 4 {
+    if keys.len() != 4 || args.len() != 6 {
         return Expect::Error("BADARG");
     }
     let amount = |v: &str| v.is_empty() || canonical(v);
     let ttl = |v: &str| canonical(v) && v != "0";
-    if !(amount(&args[0]) && amount(&args[1]) && ttl(&args[2]) && ttl(&args[3])) {
+    if !(amount(&args[0])
+        && amount(&args[1])
+        && ttl(&args[2])
+        && ttl(&args[3])
+        && valid_event(&args[4])
+        && valid_event(&args[5]))
+    {
         return Expect::Error("BADARG");
     }
+    let (ev, customer) = (args[4].as_str(), args[5].as_str());
+    let field = format!("refund:{ev}");
     let (kp, ku, kr, km) = (&keys[0], &keys[1], &keys[2], &keys[3]);
-    let memo: Option<(String, String, i64, i64)> = match read(d, km, false) {
-        Read::Absent => None,
-        Read::Str(v) => {
-            let parts: Vec<&str> = v.split(' ').collect();
-            match parts.as_slice() {
-                ["applied", b, st] if canonical(b) && canonical(st) => {
-                    Some(("applied".into(), String::new(), num(b), num(st)))
-                }
-                ["rejected", r] if REFUND_REASONS.contains(r) => {
-                    Some(("rejected".into(), (*r).into(), 0, 0))
-                }
-                _ => return Expect::Error("CORRUPT"),
+    // Step 1: the memo key (a corrupt_promotion rejection, or an older
+    // version's result), answered whatever the other keys hold.
+    match read(d, km, false) {
+        Read::Absent => {}
+        Read::Str(v) => match refund_result(v) {
+            Ok((st_, r, b, st)) => {
+                return Expect::Reply(reply(&st_, &r, 1, b, st, (-1, -1)), d.clone())
             }
-        }
+            Err(()) => return Expect::Error("CORRUPT"),
+        },
         _ => return Expect::Error("CORRUPT"),
-    };
-    let (Ok(p), Ok(u), Ok(rec)) = (promo(d, kp), used(d, ku), record(d, kr)) else {
-        return Expect::Error("CORRUPT");
-    };
-    let mut w = Writer(d.clone());
-    let before = left(&p);
-    if let Some((st_, r, b, st)) = memo {
-        return Expect::Reply(reply(&st_, &r, 1, b, st, before), w.0);
     }
+    let mut w = Writer(d.clone());
+    // Corrupt data from here on is remembered under the memo key.
+    let remembered = |mut w: Writer| {
+        w.set_ex(km, "rejected corrupt_promotion");
+        Expect::ErrorWrote("CORRUPT", w.0)
+    };
+    let Ok(rec) = record(d, kr) else {
+        return remembered(w);
+    };
+    let stored = match rec.as_ref().and_then(|r| r.fields.get(&field)) {
+        None => None,
+        Some(v) => match refund_result(v) {
+            Ok(r) => Some(r),
+            Err(()) => return remembered(w),
+        },
+    };
+    if let Some((st_, r, b, st)) = stored {
+        let p = promo(d, kp).ok().flatten();
+        return Expect::Reply(reply(&st_, &r, 1, b, st, left(&p)), w.0);
+    }
+    let (Ok(p), Ok(u)) = (promo(d, kp), used(d, ku)) else {
+        return remembered(w);
+    };
+    let before = left(&p);
     let reject = |w: &mut Writer, reason: &str| {
-        w.set_ex(km, &format!("rejected {reason}"));
+        w.hset(kr, &[(field.as_str(), format!("rejected {reason}"))]);
         reply("rejected", reason, 0, 0, 0, before)
     };
     let Some(r) = rec else {
@@ -475,6 +624,10 @@ fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         let rep = reject(&mut w, "already_reverted");
         return Expect::Reply(rep, w.0);
     }
+    if let Some(c) = r.customer.as_deref().filter(|c| *c != customer) {
+        // Another customer's deduction: named, nothing written.
+        return Expect::Reply(reply("customer", c, 0, 0, 0, before), w.0);
+    }
     let b = if args[0].is_empty() {
         r.budget
     } else {
@@ -489,71 +642,80 @@ fn rollback(d: &Dump, keys: &[String], args: &[String]) -> Expect {
         let rep = reject(&mut w, "exceeds_deducted");
         return Expect::Reply(rep, w.0);
     }
-    let mut l = before;
-    if let Some(pr) = &p {
-        if pr.budget.is_some() {
-            l.0 = w.hincrby(kp, "budget", b);
-        }
-        if pr.stock.is_some() {
-            l.1 = w.hincrby(kp, "stock", st);
-        }
-    }
+    let l = credit(&mut w, kp, &p, &r, b, st);
     let (lb, ls) = (r.budget - b, r.stock - st);
-    w.hset(kr, &[("budget", lb.to_string()), ("stock", ls.to_string())]);
+    w.hset(
+        kr,
+        &[
+            ("budget", lb.to_string()),
+            ("stock", ls.to_string()),
+            (field.as_str(), format!("applied {b} {st}")),
+        ],
+    );
     if lb == 0 && ls == 0 {
         w.hset(kr, &[("state", "reverted".into())]);
-        if u.is_some_and(|x| x > 0) {
+        if r.counted != Some(false) && u.is_some_and(|x| x > 0) {
             w.incr(ku, -1);
         }
     }
-    w.set_ex(km, &format!("applied {b} {st}"));
     Expect::Reply(reply("applied", "", 0, b, st, l), w.0)
 }
 
-/// With a fourth key (a rejection, not corrupt data), the line's memo is
-/// marked `released` where it is absent or `accepted`.
+/// Releases what event E deducted on this line and marks the line's memo
+/// `released` where it is absent or `accepted`; hands the record over to an
+/// absorbed event instead of giving it back.
 fn release(d: &Dump, keys: &[String], args: &[String]) -> Expect {
-    let marking = keys.len() == 4;
-    if !(keys.len() == 3 || marking) || args.len() != if marking { 2 } else { 1 } {
+    if keys.len() != 4 || args.len() != 3 {
         return Expect::Error("BADARG");
     }
-    if !valid_event(&args[0]) || (marking && !(canonical(&args[1]) && args[1] != "0")) {
+    if !(valid_event(&args[0]) && canonical(&args[1]) && args[1] != "0" && valid_event(&args[2])) {
         return Expect::Error("BADARG");
     }
-    let (kp, ku, kr) = (&keys[0], &keys[1], &keys[2]);
-    let (Ok(p), Ok(u), Ok(rec)) = (promo(d, kp), used(d, ku), record(d, kr)) else {
+    let (ev, customer) = (args[0].as_str(), args[2].as_str());
+    let (kp, ku, kr, km) = (&keys[0], &keys[1], &keys[2], &keys[3]);
+    let (Ok(p), Ok(u), Ok(rec), Ok(memo)) = (
+        promo(d, kp),
+        used(d, ku),
+        record(d, kr),
+        placement_memo(d, km),
+    ) else {
         return Expect::Error("CORRUPT");
-    };
-    let memo = if marking {
-        match read(d, &keys[3], false) {
-            Read::Absent => None,
-            Read::Str(v) if REASONS.contains(&v) || v == "accepted" || v == "released" => {
-                Some(v.to_owned())
-            }
-            _ => return Expect::Error("CORRUPT"),
-        }
-    } else {
-        None
     };
     let mut w = Writer(d.clone());
     let mut released = 0;
-    if let Some(r) = rec.filter(|r| r.deducted && r.event.as_deref() == Some(args[0].as_str())) {
-        if let Some(pr) = &p {
-            if pr.budget.is_some() {
-                w.hincrby(kp, "budget", r.budget);
-            }
-            if pr.stock.is_some() {
-                w.hincrby(kp, "stock", r.stock);
+    if let Some(r) = &rec {
+        if r.absorbed.as_deref() == Some(ev) {
+            w.hdel(kr, "absorbed");
+        }
+        if r.deducted && r.event.as_deref() == Some(ev) {
+            if let Some(a) = &r.absorbed {
+                w.hset(kr, &[("event", a.clone())]);
+                w.hdel(kr, "absorbed");
+            } else {
+                credit(&mut w, kp, &p, r, r.budget, r.stock);
+                let mine = r.customer.as_deref().is_none_or(|c| c == customer);
+                if mine && r.counted != Some(false) && u.is_some_and(|x| x > 0) {
+                    w.incr(ku, -1);
+                }
+                if r.fields.keys().any(|f| f.starts_with("refund:")) {
+                    w.hset(
+                        kr,
+                        &[
+                            ("state", "reverted".into()),
+                            ("budget", "0".into()),
+                            ("stock", "0".into()),
+                        ],
+                    );
+                    w.hdel(kr, "event");
+                } else {
+                    w.0.remove(kr);
+                }
+                released = 1;
             }
         }
-        if u.is_some_and(|x| x > 0) {
-            w.incr(ku, -1);
-        }
-        w.0.remove(kr);
-        released = 1;
     }
-    if marking && memo.as_deref().is_none_or(|m| m == "accepted") {
-        w.set_ex(&keys[3], "released");
+    if memo.as_deref().is_none_or(|m| m == "accepted") {
+        w.set_ex(km, "released");
     }
     Expect::Reply(vec![Reply::I(released)], w.0)
 }
@@ -699,6 +861,15 @@ impl Fuzz {
                     self.pick(&["1", "2000", "1900000000"]).to_owned(),
                 ));
             }
+            // Operator changes: an initial amount (refunds never lift the
+            // remaining past it) and an incarnation (a re-seed changes it).
+            if self.rng.random_bool(0.5) {
+                fields.push(("initial_budget", self.pick(GOOD).to_owned()));
+                fields.push(("initial_stock", self.pick(GOOD).to_owned()));
+            }
+            if self.rng.random_bool(0.6) {
+                fields.push(("gen", self.pick(&["1", "2"]).to_owned()));
+            }
             let f: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
             self.hset(promo, &f).await;
         }
@@ -714,8 +885,10 @@ impl Fuzz {
                         "ends_at",
                         "status",
                         "initial_budget",
+                        "initial_stock",
+                        "gen",
                     ]);
-                    let v = self.value(&["active", "paused", "10"]);
+                    let v = self.value(&["active", "paused", "10", "1", "2"]);
                     self.hset(promo, &[(f, &v)]).await;
                 }
                 1 => self.wrong_kind(promo, true).await,
@@ -746,11 +919,44 @@ impl Fuzz {
                     if state == "deducted" || self.rng.random_bool(0.5) {
                         f.push(("event", ev));
                     }
+                    // The fields of this version (older records lack them).
+                    if self.rng.random_bool(0.7) {
+                        f.push(("customer", self.pick(&["c1", "c2"])));
+                        f.push(("counted", self.pick(&["0", "1"])));
+                    }
+                    if self.rng.random_bool(0.5) {
+                        f.push(("gen", self.pick(&["1", "2"])));
+                    }
+                    if self.rng.random_bool(0.3) {
+                        f.push(("absorbed", self.pick(&["e1", "e2", "e3"])));
+                    }
+                    if self.rng.random_bool(0.3) {
+                        let field = self.pick(&["refund:e1", "refund:e2", "refund:e3"]);
+                        let v = self.pick(&[
+                            "applied 0 0",
+                            "applied 1 0",
+                            "rejected no_deduction",
+                            "rejected exceeds_deducted",
+                        ]);
+                        f.push((field, v));
+                    }
                     self.hset(rec, &f).await;
                 }
                 5 => {
-                    let f = self.pick(&["state", "event", "budget", "stock", "budget0", "stock0"]);
-                    let v = self.value(&["deducted", "reverted", "e1", "3"]);
+                    let f = self.pick(&[
+                        "state",
+                        "event",
+                        "budget",
+                        "stock",
+                        "budget0",
+                        "stock0",
+                        "customer",
+                        "counted",
+                        "gen",
+                        "absorbed",
+                        "refund:e1",
+                    ]);
+                    let v = self.value(&["deducted", "reverted", "e1", "c1", "1", "applied 1 0"]);
                     self.hset(rec, &[(f, &v)]).await;
                 }
                 6 => self.wrong_kind(rec, true).await,
@@ -761,9 +967,16 @@ impl Fuzz {
                             "applied 0 0",
                             "rejected no_deduction",
                             "rejected already_reverted",
+                            "rejected corrupt_promotion",
                         ]
                     } else {
-                        &["accepted", "released", "budget_exceeded", "order_reverted"]
+                        &[
+                            "accepted",
+                            "released",
+                            "budget_exceeded",
+                            "order_reverted",
+                            "corrupt_promotion",
+                        ]
                     };
                     let v = self.value(plausible);
                     self.r.set(memo, &v).await;
@@ -836,7 +1049,7 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
                     GOOD[f.rng.random_range(0..5)],
                     GOOD[f.rng.random_range(0..4)],
                 );
-                let valid = [b, st, &t, &e, "2592000", "604800"]
+                let valid = [b, st, &t, &e, "2592000", "604800", c.as_str()]
                     .map(str::to_owned)
                     .to_vec();
                 let args = f.args(valid);
@@ -848,7 +1061,11 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
                     amounts[f.rng.random_range(0..amounts.len())],
                     amounts[f.rng.random_range(0..amounts.len())],
                 );
-                let args = f.args([b, st, "2592000", "604800"].map(str::to_owned).to_vec());
+                let args = f.args(
+                    [b, st, "2592000", "604800", &e, c.as_str()]
+                        .map(str::to_owned)
+                        .to_vec(),
+                );
                 let k = vec![
                     line.promotion.clone(),
                     line.used.clone(),
@@ -858,18 +1075,8 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
                 ("rollback", k, args)
             }
             7..=8 => {
-                let mut k = vec![
-                    line.promotion.clone(),
-                    line.used.clone(),
-                    line.record.clone(),
-                ];
-                // With the memo key, as for a rejection; without, as for corrupt data.
-                let mut valid = vec![e.clone()];
-                if f.rng.random_bool(0.5) {
-                    k.push(line.memo.clone());
-                    valid.push("604800".to_owned());
-                }
-                ("release", k, f.args(valid))
+                let valid = vec![e.clone(), "604800".to_owned(), c.to_string()];
+                ("release", line.as_vec(), f.args(valid))
             }
             _ => ("memo", vec![line.memo.clone()], vec![]),
         };
@@ -895,6 +1102,26 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
         )
         .await;
 
+        if script == "release" && f.rng.random_bool(0.5) {
+            // Often the record this event deducted, so that releases happen.
+            f.r.del(&line.record).await;
+            f.r.del(&line.memo).await;
+            let counted = f.pick(&["0", "1"]);
+            f.hset(
+                &line.record,
+                &[
+                    ("state", "deducted"),
+                    ("event", e.as_str()),
+                    ("budget", "5"),
+                    ("stock", "1"),
+                    ("budget0", "5"),
+                    ("stock0", "1"),
+                    ("customer", c.as_str()),
+                    ("counted", counted),
+                ],
+            )
+            .await;
+        }
         let before = f.r.dump().await;
         let expect = match script {
             "deduct" => deduct(&before, &k, &a),
@@ -929,6 +1156,18 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
                     redis::diff(&before, &after)
                 );
                 format!("{script} {code}")
+            }
+            (Expect::ErrorWrote(code, want_after), Err(e)) => {
+                let first = e.details().split_whitespace().next().unwrap_or("");
+                assert_eq!(first, *code, "{}\nerror: {e}", context());
+                assert_eq!(
+                    &after,
+                    want_after,
+                    "{}\nkeys differ: {:?}",
+                    context(),
+                    redis::diff(want_after, &after)
+                );
+                format!("{script} {code} remembered")
             }
             (Expect::Reply(want, want_after), Ok(v)) => {
                 assert_eq!(
@@ -978,9 +1217,13 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
         "deduct accepted",
         "deduct BADARG",
         "deduct CORRUPT",
+        "deduct CORRUPT remembered",
+        "rollback CORRUPT remembered",
         "rollback applied",
+        "rollback customer",
         "rollback CORRUPT",
         "release [I(1)]",
+        "release [I(0)]",
     ] {
         assert!(
             tally.keys().any(|k| k.starts_with(needed)),

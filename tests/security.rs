@@ -356,11 +356,11 @@ async fn pipeline_over_sasl_ssl_with_a_private_ca() {
 /// and the commands the scripts themselves run (Redis checks those against
 /// the calling user too).
 const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +get +set +del +expire +incr +decr +hgetall +hset +hincrby";
+    +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
 
 /// The operators' user for `promo set|show` and `audit`, as documented.
 const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +hset +del +hgetall +get +type +scan";
+    +exists +incr +hset +del +hgetall +get +type +scan";
 
 fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
     let mut v = vec![
@@ -787,10 +787,11 @@ async fn service_ops_as(
     let at = 1_800_000_000;
     // Ids of this round only: a stored memo of an earlier round would
     // answer instead of the scripts.
-    let (e0, e1, e2) = (
+    let (e0, e1, e2, e3) = (
         format!("e-0-{round}"),
         format!("e-1-{round}"),
         format!("e-2-{round}"),
+        format!("e-3-{round}"),
     );
     let missing = format!("missing{round}");
     let ops = async {
@@ -806,6 +807,16 @@ async fn service_ops_as(
         match ledger.place(&e).await.map_err(|e| e.to_string())? {
             PlaceDecision::Accepted { .. } => {}
             d => return Err(format!("placement: {d:?}")),
+        }
+        // A second placement of the order, absorbed on p (the record notes
+        // it) and rejected on the missing promotion (the note is removed).
+        let e = placed(&e3, "o-1", "c-1", at, &[(&p, 100, 1), (&missing, 1, 0)]);
+        match ledger.place(&e).await.map_err(|e| e.to_string())? {
+            PlaceDecision::Rejected {
+                reason: Reason::PromotionNotFound,
+                ..
+            } => {}
+            d => return Err(format!("absorbed two-line placement: {d:?}")),
         }
         let r = refunded(&e2, "o-1", "c-1", &[(&p, None, None)]);
         let d = ledger.refund(&r).await.map_err(|e| e.to_string())?;

@@ -165,10 +165,8 @@ pub async fn promo_set(
         args.push(k.to_owned());
         args.push(v);
     }
-    let key = ledger.keys().promotion(p);
-    let reply = ledger
-        .run(&scripts::PROMO_SET, None, p, vec![key], args)
-        .await?;
+    let keys = vec![ledger.keys().promotion(p), ledger.keys().generation(p)];
+    let reply = ledger.run(&scripts::PROMO_SET, None, p, keys, args).await?;
     match reply.as_str().as_deref() {
         Some("created") => Ok(PromoSetResult::Created),
         Some("replaced") => Ok(PromoSetResult::Replaced),

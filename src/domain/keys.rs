@@ -39,6 +39,11 @@ impl Keys {
         format!("{}:{{{}}}", self.prefix, p)
     }
 
+    /// `promo:{P}:gen`: the last incarnation number of P (`promo_set.lua`).
+    pub fn generation(&self, p: &Id) -> String {
+        format!("{}:{{{}}}:gen", self.prefix, p)
+    }
+
     /// `promo:{P}:used:{C}`
     pub fn used(&self, p: &Id, customer: &Id) -> String {
         format!("{}:{{{}}}:used:{}", self.prefix, p, customer)
@@ -120,6 +125,7 @@ mod tests {
         let k = Keys::default();
         let (p, c, o, e) = (id("flash-42"), id("c-9"), id("o-77"), id("e-1"));
         assert_eq!(k.promotion(&p), "promo:{flash-42}");
+        assert_eq!(k.generation(&p), "promo:{flash-42}:gen");
         assert_eq!(k.used(&p, &c), "promo:{flash-42}:used:c-9");
         assert_eq!(k.record(&p, &o), "promo:{flash-42}:order:o-77");
         assert_eq!(k.refund(&p, &e), "promo:{flash-42}:refund:e-1");

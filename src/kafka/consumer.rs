@@ -6,6 +6,7 @@
 //! for the pipeline, which retires those partitions' lanes before it handles
 //! the next message.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use rdkafka::client::ClientContext;
@@ -32,6 +33,11 @@ pub struct Context {
     topic: String,
     offsets: Offsets,
     notes: Mutex<Vec<Assignment>>,
+    /// Partitions of the input topic this member holds. librdkafka keeps
+    /// reporting a revoked partition in its statistics with the lag it had
+    /// when it was revoked (its end offset is no longer fetched): only these
+    /// are exported.
+    assigned: Mutex<BTreeSet<i32>>,
     /// Woken with every note: with per-partition queues the main queue
     /// yields no messages, so a note is the only reason to look.
     noted: tokio::sync::Notify,
@@ -43,6 +49,7 @@ impl Context {
             topic: topic.to_owned(),
             offsets,
             notes: Mutex::new(Vec::new()),
+            assigned: Mutex::new(BTreeSet::new()),
             noted: tokio::sync::Notify::new(),
         }
     }
@@ -62,6 +69,10 @@ impl Context {
         self.noted.notify_one();
     }
 
+    fn assigned(&self) -> std::sync::MutexGuard<'_, BTreeSet<i32>> {
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
         tpl.elements_for_topic(&self.topic)
             .iter()
@@ -73,8 +84,9 @@ impl Context {
 impl ClientContext for Context {
     fn stats(&self, stats: Statistics) {
         if let Some(topic) = stats.topics.get(&self.topic) {
+            let assigned = self.assigned();
             for (id, p) in &topic.partitions {
-                if *id >= 0 && p.consumer_lag >= 0 {
+                if assigned.contains(id) && p.consumer_lag >= 0 {
                     metrics::consumer_lag(*id, p.consumer_lag);
                 }
             }
@@ -104,8 +116,15 @@ impl ConsumerContext for Context {
                         Err(e) => tracing::warn!(error = %e, "cannot build commit list"),
                     }
                 }
-                for p in &parts {
-                    self.offsets.close(*p);
+                {
+                    let mut assigned = self.assigned();
+                    for p in &parts {
+                        self.offsets.close(*p);
+                        assigned.remove(p);
+                        // Another member reports it from now on; a stale
+                        // value here would hold the group lag up.
+                        metrics::consumer_lag_revoked(*p);
+                    }
                 }
                 metrics::rebalance();
                 tracing::info!(partitions = ?parts, lost, committed = ?commits, "partitions revoked");
@@ -113,6 +132,7 @@ impl ConsumerContext for Context {
             }
             Rebalance::Assign(tpl) => {
                 let parts = self.partitions(tpl);
+                self.assigned().extend(parts.iter().copied());
                 tracing::info!(partitions = ?parts, "partitions assigned");
                 self.note(Assignment::Assigned(parts));
             }

@@ -16,7 +16,7 @@ use rdkafka::util::Timeout;
 use tokio::sync::Notify;
 
 use crate::config::KafkaSettings;
-use crate::domain::event::InvalidEvent;
+use crate::domain::event::{InvalidEvent, MAX_EVENT_BYTES};
 use crate::domain::outcome::{Outcome, Source};
 use crate::error::Disposition;
 
@@ -66,6 +66,17 @@ pub fn classify(e: &KafkaError) -> Disposition {
     }
 }
 
+/// True for a record refused for its size: by librdkafka before sending
+/// (larger than the producer's `message.max.bytes`) or by the broker
+/// (larger than the topic's `max.message.bytes`: MESSAGE_TOO_LARGE, or
+/// RECORD_LIST_TOO_LARGE for a batch beyond the segment size).
+pub fn too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
+}
+
 /// A client-level error the producer cannot recover from, with librdkafka's
 /// reason (which names the broker and the mechanism, never the password).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -108,10 +119,23 @@ impl ClientContext for PublisherContext {
     }
 }
 
-/// Builds the librdkafka configuration of the producer: the user's
-/// pass-through first, then the settings the guarantees depend on.
+/// The producer's default `message.max.bytes`: the broker's default
+/// `max.message.bytes` (1 MiB + 12), not librdkafka's 1,000,000, so a dead
+/// letter of a record the input topic accepted at the broker default is sent
+/// whole when the dead-letter topic is at the default too.
+pub const MESSAGE_MAX_BYTES: &str = "1048588";
+
+/// How much of the key and of the value a truncated dead letter keeps: the
+/// contract's limit of a whole event, so the kept part is never shorter
+/// than any valid event, and the record fits any dead-letter topic that
+/// holds the invalid events the service dead-letters whole.
+pub const TRUNCATED_BYTES: usize = MAX_EVENT_BYTES;
+
+/// Builds the librdkafka configuration of the producer: our defaults, the
+/// user's pass-through, then the settings the guarantees depend on.
 pub fn producer_config(k: &KafkaSettings) -> ClientConfig {
     let mut c = ClientConfig::new();
+    c.set("message.max.bytes", MESSAGE_MAX_BYTES);
     for (key, value) in &k.producer {
         c.set(key, value);
     }
@@ -177,12 +201,59 @@ impl Publisher {
 
     /// Sends the raw bytes of an invalid event, key kept, with the
     /// `deductor.*` headers of CONTRACT.md section 4, and waits for the ack.
+    ///
+    /// A record the input topic accepted may be larger than the producer's
+    /// `message.max.bytes` or the dead-letter topic's `max.message.bytes`
+    /// (neither is known to match the input topic's). When the whole record
+    /// is refused for its size, it is sent again cut to [`TRUNCATED_BYTES`]
+    /// of value and of key, with `deductor.truncated` and the original
+    /// sizes in headers: refusing it would stop the partition on that
+    /// offset for good (the size error is fatal, so the service would exit
+    /// and crash-loop on it).
     pub async fn send_dead_letter(&self, d: &DeadLetter<'_>) -> Result<(), PublishError> {
+        match self.send_dead_letter_as(d, false).await {
+            Err(e) if too_large(&e.source) => {
+                let size = |b: Option<&[u8]>| b.map_or(0, <[u8]>::len);
+                tracing::warn!(
+                    topic = %self.dlq_topic,
+                    value_bytes = size(d.payload),
+                    key_bytes = size(d.key),
+                    kept_bytes = TRUNCATED_BYTES,
+                    error = %e.source,
+                    "dead letter too large for Kafka: sending it truncated"
+                );
+                self.send_dead_letter_as(d, true).await.inspect_err(|e| {
+                    if too_large(&e.source) {
+                        tracing::error!(
+                            topic = %self.dlq_topic,
+                            error = %e.source,
+                            "the dead-letter topic refuses even a truncated dead letter: \
+                             its max.message.bytes must be at least 2 x {TRUNCATED_BYTES} plus headers"
+                        );
+                    }
+                })
+            }
+            r => r,
+        }
+    }
+
+    /// One attempt: whole, or with key and value cut to [`TRUNCATED_BYTES`].
+    async fn send_dead_letter_as(
+        &self,
+        d: &DeadLetter<'_>,
+        truncate: bool,
+    ) -> Result<(), PublishError> {
         let partition = d.source.partition.to_string();
         let offset = d.source.offset.to_string();
         let timestamp = d.timestamp_ms.map(|t| t.to_string()).unwrap_or_default();
         let reason = d.error.to_string();
-        let headers = OwnedHeaders::new_with_capacity(7)
+        let value_size = d.payload.map_or(0, <[u8]>::len);
+        let key_size = d.key.map_or(0, <[u8]>::len);
+        // Only a record that is cut says so: one refused only because it
+        // shared a batch with a large one is sent whole again.
+        let truncate = truncate && key_size.max(value_size) > TRUNCATED_BYTES;
+        let (value_size_text, key_size_text) = (value_size.to_string(), key_size.to_string());
+        let mut headers = OwnedHeaders::new_with_capacity(10)
             .insert(header("deductor.error", &reason))
             .insert(header("deductor.error.kind", d.error.kind.as_str()))
             .insert(header("deductor.source.topic", &d.source.topic))
@@ -190,13 +261,21 @@ impl Publisher {
             .insert(header("deductor.source.offset", &offset))
             .insert(header("deductor.source.timestamp", &timestamp))
             .insert(header("deductor.consumer.group", &self.group_id));
+        if truncate {
+            headers = headers
+                .insert(header("deductor.truncated", "true"))
+                .insert(header("deductor.original.size", &value_size_text));
+            if key_size > TRUNCATED_BYTES {
+                headers = headers.insert(header("deductor.original.key.size", &key_size_text));
+            }
+        }
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&self.dlq_topic).headers(headers);
         if let Some(k) = d.key {
-            record = record.key(k);
+            record = record.key(cut(k, truncate));
         }
         if let Some(p) = d.payload {
-            record = record.payload(p);
+            record = record.payload(cut(p, truncate));
         }
         self.producer
             .send(record, Timeout::After(self.timeout))
@@ -237,6 +316,15 @@ impl Publisher {
     }
 }
 
+/// `b`, or its first [`TRUNCATED_BYTES`] when `truncate`.
+fn cut(b: &[u8], truncate: bool) -> &[u8] {
+    if truncate {
+        &b[..b.len().min(TRUNCATED_BYTES)]
+    } else {
+        b
+    }
+}
+
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     Header {
         key,
@@ -259,6 +347,36 @@ mod tests {
         let c = producer_config(&k);
         assert_eq!(c.get("acks"), Some("all"));
         assert_eq!(c.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn message_max_bytes_is_the_broker_default_unless_set() {
+        let mut k = crate::config::Settings::load_from_env(None, &[], Vec::new())
+            .unwrap()
+            .kafka;
+        assert_eq!(
+            producer_config(&k).get("message.max.bytes"),
+            Some("1048588")
+        );
+        k.producer
+            .insert("message.max.bytes".into(), "4000000".into());
+        assert_eq!(
+            producer_config(&k).get("message.max.bytes"),
+            Some("4000000")
+        );
+    }
+
+    #[test]
+    fn size_refusals_are_recognised() {
+        let big = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert!(too_large(&big));
+        let batch = KafkaError::MessageProduction(RDKafkaErrorCode::MessageBatchTooLarge);
+        assert!(too_large(&batch));
+        let timeout = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        assert!(!too_large(&timeout));
+        assert!(cut(&[7; TRUNCATED_BYTES + 1], true).len() == TRUNCATED_BYTES);
+        assert!(cut(&[7; 10], true).len() == 10);
+        assert!(cut(&[7; TRUNCATED_BYTES + 1], false).len() == TRUNCATED_BYTES + 1);
     }
 
     #[test]

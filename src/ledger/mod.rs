@@ -24,7 +24,7 @@ use crate::config::RedisSettings;
 use crate::domain::decision::{
     AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,
 };
-use crate::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine};
+use crate::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
 use crate::domain::keys::Keys;
 
 pub use error::{classify, ErrorClass, LedgerError};
@@ -194,6 +194,12 @@ impl Ledger {
     }
 
     /// Decides and applies an `OrderPlaced`, all lines or none.
+    ///
+    /// Corrupt stored data on any line (a `CORRUPT` reply of any script,
+    /// memo reads included) ends as a `corrupt_promotion` rejection, never
+    /// as an error: deduct.lua remembers it under the line's memo, and the
+    /// lines already deducted are released and marked like for any other
+    /// rejection, so every delivery of the event repeats the decision.
     pub async fn place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
         let h = &e.header;
         if e.lines.len() > 1 {
@@ -202,32 +208,10 @@ impl Ledger {
             // first line's stored rejection is read by deduct.lua itself
             // (step 0) before it deducts anything; the other lines' are read
             // here, all at once (one round trip), before the first deduct.
-            let lookups = e.lines[1..].iter().map(|line| {
-                let p = &line.promotion_id;
-                let memo = self.keys().rejected(p, &h.event_id);
-                async move {
-                    (
-                        p,
-                        self.run(&scripts::MEMO, Some(&h.order_id), p, vec![memo], vec![])
-                            .await,
-                    )
-                }
-            });
-            for (p, result) in futures::future::join_all(lookups).await {
-                let found = match result {
-                    Ok(reply) => scripts::decode_memo(reply)?,
-                    Err(err) if err.is_corrupt() => {
-                        self.report_corrupt(h, p, &err);
-                        self.release(h, &e.lines, false).await?;
-                        return Ok(rejected(false, Reason::CorruptPromotion, p));
-                    }
-                    Err(err) => return Err(err),
-                };
-                if let Some(reason) = found {
-                    // An earlier delivery may have stopped before releasing.
-                    self.release(h, &e.lines, true).await?;
-                    return Ok(rejected(true, reason, p));
-                }
+            if let Some((p, reason, duplicate)) = self.stored_rejection(h, &e.lines[1..]).await? {
+                // An earlier delivery may have stopped before releasing.
+                self.release(h, &e.lines).await?;
+                return Ok(rejected(duplicate, reason, p));
             }
         }
         let mut accepted = Vec::with_capacity(e.lines.len());
@@ -237,8 +221,10 @@ impl Ledger {
             let reply = match self.deduct(h, line).await {
                 Ok(reply) => reply,
                 Err(err) if err.is_corrupt() => {
+                    // deduct.lua stored `corrupt_promotion` under this line's
+                    // memo (unless the memo itself is what is corrupt).
                     self.report_corrupt(h, p, &err);
-                    self.release(h, &e.lines[..i], false).await?;
+                    self.release(h, &e.lines[..i]).await?;
                     return Ok(rejected(false, Reason::CorruptPromotion, p));
                 }
                 Err(err) => return Err(err),
@@ -257,22 +243,15 @@ impl Ledger {
                     // Another delivery of this event decided it while this
                     // one was on its way: repeat that decision, whose reason
                     // is stored on the failing line.
-                    self.release(h, &e.lines[..i], true).await?;
-                    for line in &e.lines {
-                        let q = &line.promotion_id;
-                        let memo = self.keys().rejected(q, &h.event_id);
-                        let reply = self
-                            .run(&scripts::MEMO, Some(&h.order_id), q, vec![memo], vec![])
-                            .await?;
-                        if let Some(reason) = scripts::decode_memo(reply)? {
-                            return Ok(rejected(true, reason, q));
-                        }
-                    }
-                    // The reason expired before the mark: the order stays reverted.
-                    return Ok(rejected(true, Reason::OrderReverted, p));
+                    self.release(h, &e.lines[..i]).await?;
+                    return Ok(match self.stored_rejection(h, &e.lines).await? {
+                        Some((q, reason, _)) => rejected(true, reason, q),
+                        // The reason expired before the mark: the order stays reverted.
+                        None => rejected(true, Reason::OrderReverted, p),
+                    });
                 }
                 Err(reason) => {
-                    self.release(h, &e.lines[..i], true).await?;
+                    self.release(h, &e.lines[..i]).await?;
                     return Ok(rejected(reply.duplicate, reason, p));
                 }
             }
@@ -283,35 +262,58 @@ impl Ledger {
         })
     }
 
+    /// The first stored rejection of the event on `lines` (in line order),
+    /// with its promotion and whether it was read back; all memos are read
+    /// at once (one round trip). A memo that is itself corrupt is a
+    /// `corrupt_promotion` rejection on its line (every delivery meets it).
+    async fn stored_rejection<'a>(
+        &self,
+        h: &Header,
+        lines: &'a [PlaceLine],
+    ) -> Result<Option<(&'a Id, Reason, bool)>, LedgerError> {
+        let lookups = lines.iter().map(|line| {
+            let p = &line.promotion_id;
+            let memo = self.keys().rejected(p, &h.event_id);
+            async move {
+                (
+                    p,
+                    self.run(&scripts::MEMO, Some(&h.order_id), p, vec![memo], vec![])
+                        .await,
+                )
+            }
+        });
+        for (p, result) in futures::future::join_all(lookups).await {
+            match result {
+                Ok(reply) => {
+                    if let Some(reason) = scripts::decode_memo(reply)? {
+                        return Ok(Some((p, reason, true)));
+                    }
+                }
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, p, &err);
+                    return Ok(Some((p, Reason::CorruptPromotion, false)));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(None)
+    }
+
     /// Applies an `OrderRefunded`, each line on its own.
+    ///
+    /// A refund acts on the customer its deduction counted for (stored in
+    /// the record), not on the one the refund event names: when they
+    /// differ, rollback.lua writes nothing and names the stored customer,
+    /// and the line is applied again with that customer's counter. The
+    /// mismatch is logged and counted in
+    /// `deductor_refund_customer_mismatch_total`.
     pub async fn refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
         let h = &e.header;
         let mut lines = Vec::with_capacity(e.lines.len());
         for line in &e.lines {
             let p = &line.promotion_id;
-            let keys = self
-                .keys()
-                .rollback_line(p, &h.order_id, &h.customer_id, &h.event_id);
-            let args = vec![
-                line.budget.map(|b| b.to_string()).unwrap_or_default(),
-                line.stock.map(|s| s.to_string()).unwrap_or_default(),
-                self.shared.record_ttl.clone(),
-                self.shared.refund_ttl.clone(),
-            ];
-            let result = match self
-                .run(
-                    &scripts::ROLLBACK,
-                    Some(&h.order_id),
-                    p,
-                    keys.as_vec(),
-                    args,
-                )
-                .await
-            {
-                Ok(reply) => {
-                    let r = scripts::decode_line(&scripts::ROLLBACK, "applied", reply)?;
-                    refund_line(p, r)
-                }
+            let result = match self.rollback(h, line).await {
+                Ok(r) => refund_line(p, r),
                 Err(err) if err.is_corrupt() => {
                     self.report_corrupt(h, p, &err);
                     RefundLineResult {
@@ -330,6 +332,54 @@ impl Ledger {
         Ok(RefundDecision { lines })
     }
 
+    async fn rollback(&self, h: &Header, line: &RefundLine) -> Result<LineReply, LedgerError> {
+        let p = &line.promotion_id;
+        let mut customer = h.customer_id.clone();
+        // At most one switch is expected; a record that changes hands again
+        // meanwhile (a racing delivery) gets one more try.
+        for _ in 0..3 {
+            let keys = self
+                .keys()
+                .rollback_line(p, &h.order_id, &customer, &h.event_id);
+            let args = vec![
+                line.budget.map(|b| b.to_string()).unwrap_or_default(),
+                line.stock.map(|s| s.to_string()).unwrap_or_default(),
+                self.shared.record_ttl.clone(),
+                self.shared.refund_ttl.clone(),
+                h.event_id.to_string(),
+                customer.to_string(),
+            ];
+            let reply = self
+                .run(
+                    &scripts::ROLLBACK,
+                    Some(&h.order_id),
+                    p,
+                    keys.as_vec(),
+                    args,
+                )
+                .await?;
+            match scripts::decode_rollback(reply)? {
+                scripts::RollbackReply::Line(r) => return Ok(r),
+                scripts::RollbackReply::Customer(stored) => {
+                    tracing::warn!(
+                        promotion = %p,
+                        order = %h.order_id,
+                        event = %h.event_id,
+                        named = %h.customer_id,
+                        stored = %stored,
+                        "refund names another customer than the deduction; applied to the deduction's customer"
+                    );
+                    metrics::counter!("deductor_refund_customer_mismatch_total").increment(1);
+                    customer = stored;
+                }
+            }
+        }
+        Err(LedgerError::malformed(
+            scripts::ROLLBACK.name,
+            "the record's customer kept changing",
+        ))
+    }
+
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
         let p = &line.promotion_id;
         let keys = self
@@ -342,6 +392,7 @@ impl Ledger {
             h.event_id.to_string(),
             self.shared.record_ttl.clone(),
             self.shared.refund_ttl.clone(),
+            h.customer_id.to_string(),
         ];
         let reply = self
             .run(&scripts::DEDUCT, Some(&h.order_id), p, keys.as_vec(), args)
@@ -350,31 +401,23 @@ impl Ledger {
     }
 
     /// Releases what this event deducted on `lines` (no-op where it deducted
-    /// nothing). A line with corrupt data is reported and skipped: it keeps
-    /// its (consistent) record, and the other lines are still released.
-    ///
-    /// With `mark` (a rejection, whose reason is stored on the failing line),
-    /// each line's memo is marked `released` in the same script, so a slower
-    /// delivery of the event repeats the decision instead of deducting afresh.
-    async fn release(
-        &self,
-        h: &Header,
-        lines: &[PlaceLine],
-        mark: bool,
-    ) -> Result<(), LedgerError> {
+    /// nothing) and marks each line's memo `released`, so a slower delivery
+    /// of the event repeats the decision instead of deducting afresh. A line
+    /// with corrupt data is reported and skipped: it keeps its (consistent)
+    /// record, and the other lines are still released.
+    async fn release(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
         for line in lines {
             let p = &line.promotion_id;
             let k = self
                 .keys()
                 .deduct_line(p, &h.order_id, &h.customer_id, &h.event_id);
-            let mut keys = vec![k.promotion, k.used, k.record];
-            let mut args = vec![h.event_id.to_string()];
-            if mark {
-                keys.push(k.memo);
-                args.push(self.shared.refund_ttl.clone());
-            }
+            let args = vec![
+                h.event_id.to_string(),
+                self.shared.refund_ttl.clone(),
+                h.customer_id.to_string(),
+            ];
             match self
-                .run(&scripts::RELEASE, Some(&h.order_id), p, keys, args)
+                .run(&scripts::RELEASE, Some(&h.order_id), p, k.as_vec(), args)
                 .await
             {
                 Ok(reply) => {
@@ -436,7 +479,7 @@ impl Ledger {
             order = %h.order_id,
             event = %h.event_id,
             error = %err,
-            "corrupt promotion data; the line is rejected corrupt_promotion and nothing is written"
+            "corrupt promotion data; the line is rejected corrupt_promotion (remembered for a placement)"
         );
         metrics::counter!("deductor_corrupt_data_total").increment(1);
     }

@@ -180,6 +180,27 @@ pub(crate) fn decode_line(
     })
 }
 
+/// `rollback.lua`'s reply: the line's result, or the customer the record
+/// counted for when the refund event named another one (nothing written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RollbackReply {
+    Line(LineReply),
+    Customer(crate::domain::event::Id),
+}
+
+/// Decodes `rollback.lua`'s reply.
+pub(crate) fn decode_rollback(reply: Value) -> Result<RollbackReply, LedgerError> {
+    if let Value::Array(items) = &reply {
+        if items.len() == 7 && text(&items[0]).as_deref() == Some("customer") {
+            let c = text(&items[1]).unwrap_or_default();
+            return crate::domain::event::Id::parse(&c)
+                .map(RollbackReply::Customer)
+                .map_err(|_| LedgerError::malformed(ROLLBACK.name, format!("customer {c:?}")));
+        }
+    }
+    decode_line(&ROLLBACK, "applied", reply).map(RollbackReply::Line)
+}
+
 /// Decodes `release.lua`'s `{released}`.
 pub(crate) fn decode_release(reply: Value) -> Result<bool, LedgerError> {
     match &reply {

@@ -164,6 +164,28 @@ pub async fn fetch(url: &str) -> anyhow::Result<Response> {
     })
 }
 
+/// The `/healthz` url of a service listening on `listen` (`http.listen`):
+/// a wildcard address (0.0.0.0, [::]) is reached on the loopback address of
+/// its family, since the probe runs beside the service (a container's
+/// HEALTHCHECK, an exec probe).
+pub fn healthz_url(listen: &str) -> anyhow::Result<String> {
+    if listen.is_empty() {
+        anyhow::bail!(
+            "http.listen is empty, so the service serves no /healthz: set http.listen (as the service has it) or pass --url"
+        );
+    }
+    let mut addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+        anyhow::anyhow!("http.listen {listen:?} is not an address: use ip:port, or pass --url")
+    })?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok(format!("http://{addr}/healthz"))
+}
+
 /// `deductor healthcheck`: OK when `url` answers 200.
 pub async fn probe(url: &str) -> anyhow::Result<()> {
     let r = fetch(url).await?;
@@ -171,5 +193,28 @@ pub async fn probe(url: &str) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!("{url}: {} {}", r.status_line, r.body.trim())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_url_follows_http_listen() {
+        for (listen, url) in [
+            ("0.0.0.0:9464", "http://127.0.0.1:9464/healthz"),
+            ("0.0.0.0:8080", "http://127.0.0.1:8080/healthz"),
+            ("[::]:9000", "http://[::1]:9000/healthz"),
+            ("127.0.0.1:9555", "http://127.0.0.1:9555/healthz"),
+            ("10.1.2.3:80", "http://10.1.2.3:80/healthz"),
+            ("[::1]:9464", "http://[::1]:9464/healthz"),
+        ] {
+            assert_eq!(healthz_url(listen).unwrap(), url, "{listen}");
+        }
+        for listen in ["", "nowhere"] {
+            let e = healthz_url(listen).unwrap_err().to_string();
+            assert!(e.contains("http.listen") && e.contains("--url"), "{e}");
+        }
     }
 }

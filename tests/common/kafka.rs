@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -100,6 +102,45 @@ pub async fn create_topics(names: &[&str], partitions: i32) {
     }
 }
 
+/// Sets `configs` (e.g. `max.message.bytes`) on an existing topic (its
+/// other settings go back to the broker's defaults) and waits until the
+/// broker describes the new values.
+pub async fn set_topic_config(topic: &str, configs: &[(&str, &str)]) {
+    let mut change = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    for (k, v) in configs {
+        change = change.set(k, v);
+    }
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(20)));
+    let results = admin()
+        .alter_configs([&change], &opts)
+        .await
+        .unwrap_or_else(|e| panic!("altering {topic} on {}: {e}", brokers()));
+    for r in results {
+        if let Err((resource, code)) = r {
+            panic!("altering {resource:?}: {code}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let topic_spec = ResourceSpecifier::Topic(topic);
+    loop {
+        let described = admin().describe_configs([&topic_spec], &opts).await;
+        let applied = match described.as_deref() {
+            Ok([Ok(resource)]) => configs
+                .iter()
+                .all(|(k, v)| resource.get(k).and_then(|e| e.value.as_deref()) == Some(*v)),
+            _ => false,
+        };
+        if applied {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: {configs:?} not applied after 30s: {described:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Deletes topics (best effort: cleanup after a passed test).
 pub async fn delete_topics(names: &[&str]) {
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
@@ -159,6 +200,24 @@ fn new_producer() -> FutureProducer {
         .expect("creating a Kafka producer")
 }
 
+/// A producer like [`producer`] whose `message.max.bytes` is 10 MB, for
+/// records larger than librdkafka's default of 1,000,000 bytes.
+pub fn large_producer() -> FutureProducer {
+    static PRODUCER: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();
+    PRODUCER
+        .get_or_init(|| {
+            ClientConfig::new()
+                .set("bootstrap.servers", brokers())
+                .set("enable.idempotence", "true")
+                .set("acks", "all")
+                .set("message.max.bytes", "10000000")
+                .set("message.timeout.ms", "120000")
+                .create()
+                .expect("creating a Kafka producer")
+        })
+        .clone()
+}
+
 /// Where a record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Placed {
@@ -182,7 +241,11 @@ pub struct Raw {
 /// Produces `records` in order (all in flight at once, acks awaited);
 /// returns where each landed.
 pub async fn produce_raw(topic: &str, records: &[Raw]) -> Vec<Placed> {
-    let p = producer();
+    produce_raw_with(&producer(), topic, records).await
+}
+
+/// [`produce_raw`] through the producer `p`.
+pub async fn produce_raw_with(p: &FutureProducer, topic: &str, records: &[Raw]) -> Vec<Placed> {
     let sends = records.iter().map(|r| {
         let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
         if let Some(k) = &r.key {

@@ -1,0 +1,498 @@
+//! The ledger's promises at the edges production reaches (issue 10, items
+//! 1 to 5), each a reproduction that broke the promise before the fix:
+//! corrupt data meeting a second delivery, a per-customer limit changed on
+//! a live promotion, refunds naming another customer, a promotion replaced
+//! or re-created while orders hold it, and refund results that expired
+//! before the order did. Real Redis, each test under a key prefix of its own.
+
+mod common;
+
+use common::redis::*;
+use deductor::admin::{self, PromoSpec};
+use deductor::audit;
+use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
+use deductor::ledger::{scripts, Ledger};
+
+const T: i64 = 1_800_000_000;
+
+fn is_accepted(d: &PlaceDecision) -> bool {
+    matches!(d, PlaceDecision::Accepted { .. })
+}
+
+fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
+    match d {
+        PlaceDecision::Rejected {
+            duplicate,
+            reason,
+            promotion_id,
+        } => (*duplicate, *reason, promotion_id.to_string()),
+        other => panic!("expected rejected, got {other:?}"),
+    }
+}
+
+fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
+    let l = &d.lines[i];
+    (l.status, l.duplicate, l.budget, l.stock)
+}
+
+async fn audit_clean(r: &TestRedis, p: &str) {
+    let report = audit::audit_one(&r.ledger, &id(p)).await.unwrap();
+    assert!(report.breaches.is_empty(), "{p}: {:?}", report.breaches);
+}
+
+fn spec(budget: Option<u64>, stock: Option<u64>, per_customer: Option<u64>) -> PromoSpec {
+    PromoSpec {
+        budget,
+        stock,
+        per_customer,
+        ..PromoSpec::default()
+    }
+}
+
+/// Item 1: corrupt data is a decision like any other. Delivery A meets
+/// corrupt data on the second line and rejects; after the operator repairs
+/// it, a slower delivery B of the same event must not deduct afresh and
+/// accept (before the fix it did, and both deductions stayed held for an
+/// event the topic says was rejected).
+#[tokio::test]
+async fn corrupt_data_is_remembered_so_every_delivery_repeats_the_rejection() {
+    let r = standalone().await;
+    admin::promo_set(&r.ledger, &id("p1"), spec(None, Some(10), None), false)
+        .await
+        .unwrap();
+    r.seed("p2", &[("stock", "1e3")]).await;
+    let e = placed("e1", "o1", "c1", T, &[("p1", 0, 1), ("p2", 0, 1)]);
+    let a = r.ledger.place(&e).await.unwrap();
+    assert_eq!(rejected(&a), (false, Reason::CorruptPromotion, "p2".into()));
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("10"));
+
+    // The operator repairs p2; delivery B of the same event arrives.
+    r.seed("p2", &[("stock", "5")]).await;
+    let b = r.ledger.place(&e).await.unwrap();
+    assert_eq!(rejected(&b), (true, Reason::CorruptPromotion, "p2".into()));
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("10"));
+    assert_eq!(r.promo_field("p2", "stock").await.as_deref(), Some("5"));
+    assert!(
+        r.hgetall(&r.keys().record(&id("p1"), &id("o1")))
+            .await
+            .is_empty(),
+        "no deduction is held for the rejected event"
+    );
+    audit_clean(&r, "p1").await;
+
+    // A single-line event meeting corrupt data answers the same after repair.
+    r.seed("p3", &[("stock", "-1")]).await;
+    let single = placed("e2", "o2", "c1", T, &[("p3", 0, 1)]);
+    assert_eq!(
+        rejected(&r.ledger.place(&single).await.unwrap()),
+        (false, Reason::CorruptPromotion, "p3".into())
+    );
+    r.seed("p3", &[("stock", "3")]).await;
+    assert_eq!(
+        rejected(&r.ledger.place(&single).await.unwrap()),
+        (true, Reason::CorruptPromotion, "p3".into())
+    );
+    assert_eq!(r.promo_field("p3", "stock").await.as_deref(), Some("3"));
+
+    // A refund meeting corrupt data repeats its rejection after the repair;
+    // a new refund event of the order applies.
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e3", "o3", "c1", T, &[("p1", 0, 2)]))
+            .await
+            .unwrap()
+    ));
+    r.hset(&r.keys().promotion(&id("p1")), &[("stock", "08")])
+        .await;
+    let refund = refunded("r1", "o3", "c1", &[("p1", None, None)]);
+    let d = r.ledger.refund(&refund).await.unwrap();
+    assert_eq!(line(&d, 0), (Err(Reason::CorruptPromotion), false, 0, 0));
+    r.hset(&r.keys().promotion(&id("p1")), &[("stock", "8")])
+        .await;
+    let d = r.ledger.refund(&refund).await.unwrap();
+    assert_eq!(line(&d, 0), (Err(Reason::CorruptPromotion), true, 0, 0));
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("8"));
+    let d = r
+        .ledger
+        .refund(&refunded("r2", "o3", "c1", &[("p1", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0), (Ok(()), false, 0, 2));
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("10"));
+    audit_clean(&r, "p1").await;
+}
+
+/// Item 1, the oversell variant: a zombie delivery of E deducted p1 (the
+/// last unit), a second placement event E2 of the same order was absorbed
+/// into that record and answered accepted, then E is rejected on corrupt
+/// data. Before the fix the release gave the unit back while E2 stayed
+/// accepted holding nothing, and the unit was sold again.
+#[tokio::test]
+async fn a_rejected_event_hands_its_record_to_an_absorbed_event_instead_of_releasing() {
+    let r = standalone().await;
+    admin::promo_set(&r.ledger, &id("p1"), spec(None, Some(1), None), false)
+        .await
+        .unwrap();
+    r.seed("p2", &[("stock", "1e3")]).await;
+    // The zombie delivery of E got as far as deducting p1.
+    let k = r
+        .keys()
+        .deduct_line(&id("p1"), &id("o1"), &id("c1"), &id("e1"));
+    let args = ["0", "1", "1800000000", "e1", "1000", "1000", "c1"]
+        .map(String::from)
+        .to_vec();
+    r.eval(scripts::DEDUCT.body, k.as_vec(), args)
+        .await
+        .unwrap();
+    // E2, another placement of the order, is absorbed: accepted.
+    let e2 = placed("e2", "o1", "c1", T, &[("p1", 0, 1)]);
+    assert!(is_accepted(&r.ledger.place(&e2).await.unwrap()));
+    // E itself is decided: corrupt on p2, so its lines are released.
+    let e = placed("e1", "o1", "c1", T, &[("p1", 0, 1), ("p2", 0, 1)]);
+    assert_eq!(
+        rejected(&r.ledger.place(&e).await.unwrap()).1,
+        Reason::CorruptPromotion
+    );
+    // The unit stays held, now by E2, which keeps its acceptance.
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("0"));
+    let rec = r.hgetall(&k.record).await;
+    assert_eq!(rec.get("event").map(String::as_str), Some("e2"), "{rec:?}");
+    assert_eq!(rec.get("state").map(String::as_str), Some("deducted"));
+    assert!(is_accepted(&r.ledger.place(&e2).await.unwrap()));
+    // Nobody else gets the unit.
+    let other = placed("e3", "o9", "c9", T, &[("p1", 0, 1)]);
+    assert_eq!(
+        rejected(&r.ledger.place(&other).await.unwrap()).1,
+        Reason::StockInsufficient
+    );
+    audit_clean(&r, "p1").await;
+    // Refunding the order returns the unit once.
+    let d = r
+        .ledger
+        .refund(&refunded("r1", "o1", "c1", &[("p1", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0), (Ok(()), false, 0, 1));
+    assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("1"));
+    audit_clean(&r, "p1").await;
+}
+
+/// Item 2: a limit added to a live promotion. O1 was placed while P had no
+/// limit (not counted); its refund must not give back a slot that O2 took
+/// under the limit. Before the fix O3 was accepted: two orders, limit one.
+#[tokio::test]
+async fn a_limit_added_later_only_gives_back_counted_slots() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(&r.ledger, &p, spec(None, Some(100), None), false)
+        .await
+        .unwrap();
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    r.hset(&r.keys().promotion(&p), &[("per_customer", "1")])
+        .await;
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e2", "o2", "c", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    let used = r.keys().used(&p, &id("c"));
+    assert_eq!(r.get(&used).await.as_deref(), Some("1"));
+    r.ledger
+        .refund(&refunded("r1", "o1", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get(&used).await.as_deref(),
+        Some("1"),
+        "o1 never took a slot"
+    );
+    let d = r
+        .ledger
+        .place(&placed("e3", "o3", "c", T, &[("p", 0, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(rejected(&d).1, Reason::UserLimitReached);
+    audit_clean(&r, "p").await;
+}
+
+/// Item 2, the other way round: the limit removed, an uncounted order
+/// released or refunded, the limit restored.
+#[tokio::test]
+async fn a_limit_removed_and_restored_keeps_the_counted_slot() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(&r.ledger, &p, spec(None, Some(100), Some(1)), false)
+        .await
+        .unwrap();
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    let _: () =
+        fred::prelude::HashesInterface::hdel(r.pool(), r.keys().promotion(&p), "per_customer")
+            .await
+            .unwrap();
+    // An uncounted multi-line order that is released (q rejects), and an
+    // uncounted order refunded.
+    admin::promo_set(&r.ledger, &id("q"), spec(None, Some(0), None), false)
+        .await
+        .unwrap();
+    let d = r
+        .ledger
+        .place(&placed("e2", "o2", "c", T, &[("p", 0, 1), ("q", 0, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(rejected(&d).1, Reason::StockInsufficient);
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e3", "o3", "c", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    r.ledger
+        .refund(&refunded("r3", "o3", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    let used = r.keys().used(&p, &id("c"));
+    assert_eq!(r.get(&used).await.as_deref(), Some("1"), "o1 still counts");
+    r.hset(&r.keys().promotion(&p), &[("per_customer", "1")])
+        .await;
+    let d = r
+        .ledger
+        .place(&placed("e4", "o4", "c", T, &[("p", 0, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(rejected(&d).1, Reason::UserLimitReached);
+    audit_clean(&r, "p").await;
+}
+
+/// Item 3: a refund whose event names another customer acts on the
+/// customer the deduction counted for. Before the fix it decremented the
+/// named customer's counter: C2 could exceed the limit and C1 stayed blocked.
+#[tokio::test]
+async fn a_refund_naming_another_customer_frees_the_deductions_customer() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(&r.ledger, &p, spec(None, Some(100), Some(1)), false)
+        .await
+        .unwrap();
+    for (e, o, c) in [("e1", "o1", "c1"), ("e2", "o2", "c2")] {
+        assert!(is_accepted(
+            &r.ledger
+                .place(&placed(e, o, c, T, &[("p", 0, 1)]))
+                .await
+                .unwrap()
+        ));
+    }
+    // The refund of c1's order names c2.
+    let d = r
+        .ledger
+        .refund(&refunded("r1", "o1", "c2", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0), (Ok(()), false, 0, 1));
+    assert_eq!(
+        r.get(&r.keys().used(&p, &id("c1"))).await.as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        r.get(&r.keys().used(&p, &id("c2"))).await.as_deref(),
+        Some("1")
+    );
+    // c2 is still at the limit; c1 may order again.
+    let d = r
+        .ledger
+        .place(&placed("e3", "o3", "c2", T, &[("p", 0, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(rejected(&d).1, Reason::UserLimitReached);
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e4", "o4", "c1", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    // The redelivered refund repeats its result and changes nothing.
+    let before = r.dump().await;
+    let d = r
+        .ledger
+        .refund(&refunded("r1", "o1", "c2", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0), (Ok(()), true, 0, 1));
+    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    audit_clean(&r, "p").await;
+}
+
+/// Item 4: a promotion force-replaced while an order holds it. Before the
+/// fix the refund credited the new incarnation with what was taken from the
+/// old one: budget 1000000000000999, past the 15-digit bound, and every
+/// later call on the promotion failed CORRUPT (bricked).
+#[tokio::test]
+async fn a_refund_never_credits_a_replaced_or_recreated_promotion() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(
+        &r.ledger,
+        &p,
+        spec(Some(999_999_999_999_000), None, None),
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e1", "o1", "c", T, &[("p", 1000, 0)]))
+            .await
+            .unwrap()
+    ));
+    admin::promo_set(
+        &r.ledger,
+        &p,
+        spec(Some(999_999_999_999_999), None, None),
+        true,
+    )
+    .await
+    .unwrap();
+    let d = r
+        .ledger
+        .refund(&refunded("r1", "o1", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0).0, Ok(()), "the order's record is reverted");
+    assert_eq!(
+        r.promo_field("p", "budget").await.as_deref(),
+        Some("999999999999999")
+    );
+    // The promotion still works.
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e2", "o2", "c", T, &[("p", 1, 0)]))
+            .await
+            .unwrap()
+    ));
+    audit_clean(&r, "p").await;
+
+    // Deleted and re-created: the same.
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e3", "o3", "c", T, &[("p", 10, 0)]))
+            .await
+            .unwrap()
+    ));
+    r.del(&r.keys().promotion(&p)).await;
+    admin::promo_set(&r.ledger, &p, spec(Some(50), None, None), false)
+        .await
+        .unwrap();
+    r.ledger
+        .refund(&refunded("r3", "o3", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(r.promo_field("p", "budget").await.as_deref(), Some("50"));
+    audit_clean(&r, "p").await;
+}
+
+/// Item 4: remaining never exceeds initial, even where a record and the
+/// promotion disagree (a hand-edited hash of the same incarnation).
+#[tokio::test]
+async fn a_refund_never_lifts_remaining_above_initial() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(&r.ledger, &p, spec(None, Some(5), None), false)
+        .await
+        .unwrap();
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e1", "o1", "c", T, &[("p", 0, 2)]))
+            .await
+            .unwrap()
+    ));
+    // Someone "fixed" the stock by hand back to its initial amount.
+    r.hset(&r.keys().promotion(&p), &[("stock", "5")]).await;
+    r.ledger
+        .refund(&refunded("r1", "o1", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(r.promo_field("p", "stock").await.as_deref(), Some("5"));
+    // And no field ever passes the 15-digit bound without an initial amount.
+    r.seed("big", &[("budget", "999999999999990")]).await;
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e2", "o2", "c", T, &[("big", 5, 0)]))
+            .await
+            .unwrap()
+    ));
+    r.hset(
+        &r.keys().promotion(&id("big")),
+        &[("budget", "999999999999998")],
+    )
+    .await;
+    r.ledger
+        .refund(&refunded("r2", "o2", "c", &[("big", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.promo_field("big", "budget").await.as_deref(),
+        Some("999999999999999")
+    );
+}
+
+/// Item 5: refund results live as long as the order's record, not
+/// `refund_ttl`. Before the fix a partial refund of 40 redelivered after
+/// `refund_ttl` was applied again (80 returned), and a full refund flipped
+/// to `already_reverted`.
+#[tokio::test]
+async fn a_refund_redelivered_after_refund_ttl_repeats_its_result() {
+    let base = standalone().await;
+    let mut settings = common::redis::settings(&base.url, &base.prefix);
+    settings.refund_ttl_secs = 1;
+    let ledger = Ledger::connect(&settings).await.unwrap();
+    let r = TestRedis {
+        ledger,
+        prefix: base.prefix.clone(),
+        url: base.url.clone(),
+        cluster: false,
+    };
+    admin::promo_set(&r.ledger, &id("p"), spec(Some(1000), None, None), false)
+        .await
+        .unwrap();
+    for (e, o) in [("e1", "o1"), ("e2", "o2")] {
+        assert!(is_accepted(
+            &r.ledger
+                .place(&placed(e, o, "c", T, &[("p", 100, 0)]))
+                .await
+                .unwrap()
+        ));
+    }
+    let partial = refunded("r1", "o1", "c", &[("p", Some(40), None)]);
+    let full = refunded("r2", "o2", "c", &[("p", None, None)]);
+    assert_eq!(
+        line(&r.ledger.refund(&partial).await.unwrap(), 0),
+        (Ok(()), false, 40, 0)
+    );
+    assert_eq!(
+        line(&r.ledger.refund(&full).await.unwrap(), 0),
+        (Ok(()), false, 100, 0)
+    );
+    assert_eq!(r.promo_field("p", "budget").await.as_deref(), Some("940"));
+    // Past refund_ttl (1 s): every key with that TTL is gone.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    assert_eq!(
+        line(&r.ledger.refund(&partial).await.unwrap(), 0),
+        (Ok(()), true, 40, 0)
+    );
+    assert_eq!(
+        line(&r.ledger.refund(&full).await.unwrap(), 0),
+        (Ok(()), true, 100, 0)
+    );
+    assert_eq!(r.promo_field("p", "budget").await.as_deref(), Some("940"));
+    audit_clean(&r, "p").await;
+}
