@@ -28,6 +28,9 @@ use crate::kafka::publisher::producer_config;
 
 /// The header naming why a record was dead-lettered (CONTRACT.md section 4).
 pub const KIND_HEADER: &str = "deductor.error.kind";
+/// Set on a dead letter cut to its first 64 KiB (the whole record is still
+/// in the input topic, at its `deductor.source.*` position).
+pub const TRUNCATED_HEADER: &str = "deductor.truncated";
 /// Provenance headers a redrive adds.
 pub const REDRIVE_TOPIC: &str = "deductor.redrive.topic";
 pub const REDRIVE_PARTITION: &str = "deductor.redrive.partition";
@@ -118,6 +121,23 @@ impl DeadLetter {
             .and_then(|v| std::str::from_utf8(v).ok())
     }
 
+    /// A dead letter cut for its size: never redriven (the event would be
+    /// the cut bytes); the whole record is at its source position.
+    pub fn truncated(&self) -> bool {
+        self.header(TRUNCATED_HEADER) == Some("true")
+    }
+
+    /// Why a truncated dead letter is not sent, naming where the whole record is.
+    fn truncated_reason(&self) -> String {
+        format!(
+            "truncated dead letter: redrive the whole record from {} {}@{}",
+            self.header("deductor.source.topic")
+                .unwrap_or("the input topic"),
+            self.header("deductor.source.partition").unwrap_or("?"),
+            self.header("deductor.source.offset").unwrap_or("?"),
+        )
+    }
+
     /// Runs the payload through the service's parser.
     pub fn parse(&self) -> Result<Event, InvalidEvent> {
         event::parse(self.payload.as_deref().unwrap_or_default())
@@ -133,12 +153,13 @@ impl DeadLetter {
     /// One line for `dlq list`.
     pub fn line(&self) -> String {
         format!(
-            "{}@{}  {}  kind {}  key {}  {}",
+            "{}@{}  {}  kind {}  key {}  {}{}",
             self.partition,
             self.offset,
             self.when(),
             self.header(KIND_HEADER).unwrap_or("-"),
             self.key.as_deref().map(lossy).unwrap_or_else(|| "-".into()),
+            if self.truncated() { "(truncated) " } else { "" },
             self.header("deductor.error").unwrap_or(""),
         )
     }
@@ -201,6 +222,7 @@ impl DeadLetter {
             "error": self.header("deductor.error"),
             "headers": headers,
             "payload": self.payload.as_deref().map(lossy),
+            "truncated": self.truncated(),
             "parse": parsed,
         })
     }
@@ -407,8 +429,8 @@ impl Replayed {
 
 /// Replays `records` to `k.input_topic` (never anywhere else), one at a
 /// time and in order, each counted in `deductor_dlq_redrives_total`.
-/// Invalid records are skipped unless `include_invalid`; `dry_run` sends
-/// nothing.
+/// Invalid records are skipped unless `include_invalid`, truncated ones
+/// always; `dry_run` sends nothing.
 pub async fn replay(
     k: &KafkaSettings,
     records: &[DeadLetter],
@@ -425,6 +447,7 @@ pub async fn replay(
     for r in records {
         let parse = r.parse().map(drop).map_err(|e| e.to_string());
         let verdict = match (&parse, &producer) {
+            _ if r.truncated() => Verdict::Skipped(r.truncated_reason()),
             (Err(why), _) if !include_invalid => Verdict::Skipped(why.clone()),
             (_, None) => Verdict::WouldRedrive,
             (_, Some(producer)) => {
@@ -574,5 +597,33 @@ mod tests {
         assert!(good
             .words()
             .contains("parses now: OrderPlaced e of order o"));
+        let mut cut = bad.clone();
+        cut.headers
+            .push((TRUNCATED_HEADER.to_owned(), Some(b"true".to_vec())));
+        cut.headers
+            .push(("deductor.source.offset".to_owned(), Some(b"41".to_vec())));
+        assert!(cut.truncated() && !bad.truncated());
+        assert!(cut.line().contains("(truncated)"), "{}", cut.line());
+        assert!(
+            cut.truncated_reason().ends_with("?@41"),
+            "{}",
+            cut.truncated_reason()
+        );
+    }
+
+    #[tokio::test]
+    async fn truncated_dead_letters_are_never_sent() {
+        let k = crate::config::Settings::load_from_env(None, &[], Vec::new())
+            .unwrap()
+            .kafka;
+        let mut cut = letter("too_large", 3, 0, "{\"type\":");
+        cut.headers
+            .push((TRUNCATED_HEADER.to_owned(), Some(b"true".to_vec())));
+        // A dry run needs no broker; include_invalid does not override it.
+        let report = replay(&k, &[cut], true, true).await.unwrap();
+        assert!(
+            matches!(&report[0].verdict, Verdict::Skipped(why) if why.starts_with("truncated")),
+            "{report:?}"
+        );
     }
 }
