@@ -25,10 +25,8 @@
 --   "CORRUPT <key> <field>: <value>"  a stored amount is not a canonical integer, or the
 --                                     key is not a hash; nothing written
 
--- The helpers (fail, signed, read_hash, num_field, int, run) are lua/lib.lua's,
--- prepended to this script when it is loaded.
-
-local MAX = 999999999999999
+-- The helpers (fail, signed, read_hash, num_field, int, run, MAX_AMOUNT) are
+-- lua/lib.lua's, prepended to this script when it is loaded.
 
 local function main()
   if #KEYS ~= 1 then fail('BADARG expected 1 key, got ' .. #KEYS) end
@@ -65,7 +63,7 @@ local function main()
         if now[f] ~= nil then
           local v = now[f] + d
           if v < 0 then return reply('below_zero', name) end
-          if v > MAX then return reply('above_max', name) end
+          if v > MAX_AMOUNT then return reply('above_max', name) end
           writes[#writes + 1] = { f, v }
         end
       end

@@ -193,6 +193,21 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 ),
                 Change::Unchanged => println!("promotion {p}: already {}", words(want)),
             }
+            let lowered = match (want, previous) {
+                (Some(n), Some(was)) => n < was,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if let (Some(n), true) = (want, lowered && change == Change::Changed) {
+                let (over, max) = promos::customers_over(&ledger, &p, n).await?;
+                if over > 0 {
+                    println!(
+                        "note: {over} customer(s) already hold more than {n} counted order(s) \
+                         (up to {max}); they keep them, new orders of theirs are rejected \
+                         user_limit_reached, and audit reports them until refunds bring them down"
+                    );
+                }
+            }
         }
         PromoCommand::Delete { promotion, force } => {
             let p = promotion_id(&promotion)?;

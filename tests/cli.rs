@@ -584,6 +584,19 @@ async fn promo_pause_resume_adjust_limit_list_and_delete_change_it_in_place() {
         r.promo_field("flash", "per_customer").await.as_deref(),
         Some("3")
     );
+    // Lowering a limit below what customers hold is done, with a note.
+    let o = admin(&r, &["promo", "limit", "flash", "--per-customer", "0"]).await;
+    assert_exit(&o, 0, "limit 0");
+    assert!(
+        stdout(&o).contains("2 customer(s) already hold more than 0 counted order(s)"),
+        "{}",
+        stdout(&o)
+    );
+    assert_exit(
+        &admin(&r, &["promo", "limit", "flash", "--per-customer", "3"]).await,
+        0,
+        "limit 3 again",
+    );
     assert_eq!(r.promo_field("flash", "stock").await.as_deref(), Some("13"));
 
     let o = admin(&r, &["audit", "flash"]).await;
@@ -947,6 +960,27 @@ async fn order_and_event_show_print_records_memos_and_refund_results() {
         .await,
     );
     assert_eq!(v["records"][0]["order_id"], "o1", "{v:#}");
+    // A forced replace starts a new incarnation: the order's record is from the old one.
+    let o = admin(
+        &r,
+        &[
+            "promo",
+            "set",
+            "p2",
+            "--stock",
+            "10",
+            "--force",
+            "--discard-outstanding",
+        ],
+    )
+    .await;
+    assert_exit(&o, 0, "promo set --force --discard-outstanding");
+    let o = admin(&r, &["order", "show", "o1", "--promotion", "p2"]).await;
+    assert!(
+        stdout(&o).contains("taken from a replaced incarnation"),
+        "{}",
+        stdout(&o)
+    );
     let o = admin(&r, &["event", "show", "never-seen"]).await;
     assert!(stdout(&o).contains("nothing stored"), "{}", stdout(&o));
     assert_exit(

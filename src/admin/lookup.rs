@@ -68,6 +68,8 @@ pub struct Record {
     pub promotion_id: String,
     pub order_id: String,
     pub fields: BTreeMap<String, String>,
+    /// Whether the promotion hash exists now, and its `gen`.
+    pub promotion: Option<Option<String>>,
 }
 
 impl Record {
@@ -98,6 +100,15 @@ impl Record {
             .collect()
     }
 
+    /// Whether the record was taken from another incarnation than the
+    /// promotion's current one (replaced or re-created since): refunds give
+    /// it nothing back. `None` when the promotion is gone.
+    fn replaced(&self) -> Option<bool> {
+        self.promotion
+            .as_ref()
+            .map(|gen| gen.as_deref() != self.get("gen"))
+    }
+
     /// A tombstone: a refund that found nothing deducted, so that a late
     /// placement of the order is rejected `order_reverted`.
     fn tombstone(&self) -> bool {
@@ -123,6 +134,8 @@ impl Record {
             "budget0": self.amount("budget0"),
             "stock0": self.amount("stock0"),
             "tombstone": self.tombstone(),
+            "promotion_exists": self.promotion.is_some(),
+            "replaced_incarnation": self.replaced(),
             "refunds": refunds,
         })
     }
@@ -168,6 +181,26 @@ impl Record {
         }
         if !who.is_empty() {
             let _ = writeln!(s, "    {}", who.join(", "));
+        }
+        match self.replaced() {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "    the promotion no longer exists: a refund gives nothing back"
+                );
+            }
+            Some(true) if self.get("state") == Some("deducted") => {
+                let _ = writeln!(
+                    s,
+                    "    taken from a replaced incarnation of the promotion (now {}): \
+                     a refund gives nothing back to it",
+                    self.promotion
+                        .as_ref()
+                        .and_then(|g| g.as_deref())
+                        .map_or("without gen".to_owned(), |g| format!("gen {g}"))
+                );
+            }
+            _ => {}
         }
         if let Some(a) = self.get("absorbed") {
             let _ = writeln!(
@@ -345,10 +378,26 @@ async fn read_record(ledger: &Ledger, key: &str) -> Result<Option<Record>, Ledge
     if h.is_empty() {
         return Ok(None);
     }
+    let promo_key = format!("{prefix}:{{{p}}}");
+    let pool = ledger.pool();
+    let exists: bool = pool
+        .exists(&promo_key)
+        .await
+        .map_err(|e| LedgerError::redis("exists", e))?;
+    let promotion = if exists {
+        let gen: Option<String> = pool
+            .hget(&promo_key, "gen")
+            .await
+            .map_err(|e| LedgerError::redis("hget", e))?;
+        Some(gen)
+    } else {
+        None
+    };
     Ok(Some(Record {
         promotion_id: p.to_owned(),
         order_id: order.to_owned(),
         fields: h.into_iter().collect(),
+        promotion,
     }))
 }
 
@@ -438,6 +487,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            promotion: Some(Some("2".into())),
         }
     }
 
@@ -479,6 +529,26 @@ mod tests {
         assert_eq!(j["counted"], true);
         assert_eq!(j["refunds"][0]["result"], "applied");
         assert_eq!(j["refunds"][1]["reason"], "exceeds_deducted");
+        assert_eq!(j["replaced_incarnation"], false);
+        assert!(!w.contains("replaced incarnation"), "{w}");
+
+        let old = Record {
+            promotion: Some(Some("3".into())),
+            ..r.clone()
+        };
+        assert!(old
+            .words()
+            .contains("replaced incarnation of the promotion (now gen 3)"));
+        let gone = Record {
+            promotion: None,
+            ..r
+        };
+        assert!(
+            gone.words().contains("no longer exists"),
+            "{}",
+            gone.words()
+        );
+        assert_eq!(gone.to_json()["promotion_exists"], false);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use fred::prelude::{HashesInterface, Value};
+use fred::prelude::{HashesInterface, KeysInterface, Value};
 use fred::types::scan::ScanType;
 
 use super::{promo_show, scan_keys, AdminError, PromoView, MAX_PROMO_AMOUNT};
@@ -236,22 +236,56 @@ impl fmt::Display for Outstanding {
     }
 }
 
-/// Counts `p`'s `deducted` records with SCAN (not atomic: a fallback for
-/// promotions whose hash cannot say what is outstanding).
+/// Counts `p`'s `deducted` records of its current incarnation (a record's
+/// `gen` equal to the hash's; both absent for data written before `gen`)
+/// with SCAN: a fallback, not atomic, for promotions whose hash cannot say
+/// what is outstanding. Records of a replaced incarnation are not counted:
+/// refunds give them nothing back anyway.
 pub async fn count_deducted(ledger: &Ledger, p: &Id) -> Result<usize, AdminError> {
+    let pool = ledger.pool();
+    let gen: Option<String> = pool
+        .hget(ledger.keys().promotion(p), "gen")
+        .await
+        .map_err(|e| LedgerError::redis("hget", e))?;
     let keys = scan_keys(ledger, &ledger.keys().record_pattern(p), None).await?;
     let mut n = 0;
     for key in keys {
-        let state: Option<String> = ledger
-            .pool()
-            .hget(&key, "state")
+        let (state, rec_gen): (Option<String>, Option<String>) = pool
+            .hmget(&key, vec!["state", "gen"])
             .await
-            .map_err(|e| LedgerError::redis("hget", e))?;
-        if state.as_deref() == Some("deducted") {
+            .map_err(|e| LedgerError::redis("hmget", e))?;
+        if state.as_deref() == Some("deducted") && rec_gen == gen {
             n += 1;
         }
     }
     Ok(n)
+}
+
+/// Customers of `p` whose counter of counted orders is above `limit`, and
+/// the highest counter (SCAN of `promo:{P}:used:*`): lowering a limit does
+/// not take orders away, and `audit` reports such customers until refunds
+/// bring them down.
+pub async fn customers_over(
+    ledger: &Ledger,
+    p: &Id,
+    limit: u64,
+) -> Result<(usize, u64), AdminError> {
+    let pattern = format!("{}:{{{p}}}:used:*", ledger.keys().prefix());
+    let mut over = 0;
+    let mut max = 0;
+    for key in scan_keys(ledger, &pattern, None).await? {
+        let v: Option<String> = ledger
+            .pool()
+            .get(&key)
+            .await
+            .map_err(|e| LedgerError::redis("get", e))?;
+        let n: u64 = v.and_then(|v| v.parse().ok()).unwrap_or(0);
+        if n > limit {
+            over += 1;
+            max = max.max(n);
+        }
+    }
+    Ok((over, max))
 }
 
 /// What `p`'s records hold: from one read of its hash (`initial_* -
@@ -277,17 +311,18 @@ pub async fn outstanding(ledger: &Ledger, p: &Id) -> Result<Option<Outstanding>,
 }
 
 /// Refuses a `promo set --force` of `p` while its records hold deductions:
-/// replacing the hash resets `initial_*` and the remaining amounts, and
-/// forgets what the outstanding orders hold (audit then reports a breach).
-/// A check before the write, not in the same script: a deduction landing
-/// between the two is not seen.
+/// replacing the hash starts a new incarnation (`gen`) with fresh
+/// `initial_*` and remaining amounts, and refunds of the outstanding orders
+/// then give nothing back to it. A check before the write, not in the same
+/// script (promo_set.lua): a deduction landing between the two is not seen.
 pub async fn guard_replace(ledger: &Ledger, p: &Id) -> Result<(), AdminError> {
     match outstanding(ledger, p).await? {
         Some(o) if o.any() => Err(AdminError::Refused(format!(
-            "promotion {p} has outstanding deductions ({o}); promo set --force would reset \
-             its initial and remaining amounts and forget them (audit would report a breach). \
-             Change it in place with promo adjust / limit / pause / resume, \
-             or pass --discard-outstanding to replace it anyway"
+            "promotion {p} has outstanding deductions ({o}); promo set --force would start \
+             a new incarnation with fresh initial and remaining amounts, and refunds of \
+             those orders would give nothing back to it. Change it in place with \
+             promo adjust / limit / pause / resume, or pass --discard-outstanding to \
+             replace it anyway"
         ))),
         _ => Ok(()),
     }
