@@ -15,7 +15,10 @@ use crate::config::{ConfigError, Settings};
 #[command(
     name = "deductor",
     version,
-    about = "Applies promotion deductions from Kafka events with atomic Redis scripts"
+    about = "Applies promotion deductions from Kafka events with atomic Redis scripts",
+    after_help = "Exit codes: 0 ok; 1 a check failed, a breach was found, or the command was \
+                  refused or failed; 2 a usage or configuration error; 3 Kafka or Redis could \
+                  not be reached (docs/operations.md)."
 )]
 pub struct Cli {
     /// A TOML config file layered over the defaults (see config/default.toml).
@@ -96,12 +99,14 @@ pub enum Command {
     /// Create, show, list, pause, resume, adjust, limit or delete promotions.
     #[command(subcommand)]
     Promo(PromoCommand),
-    /// Show what the ledger holds for an order: its records, what they
-    /// hold, and their refund results.
+    /// Show what the ledger holds for an order.
+    ///
+    /// Its records, what they hold, and their refund results.
     #[command(subcommand)]
     Order(OrderCommand),
-    /// Show what the ledger remembers of an event: placement decisions
-    /// (memos), refund results, and the records it touched.
+    /// Show what the ledger remembers of an event.
+    ///
+    /// Placement decisions (memos), refund results, and the records it touched.
     #[command(subcommand)]
     Event(EventCommand),
     /// List, show or replay (redrive) records of the dead-letter topic.
@@ -109,8 +114,9 @@ pub enum Command {
     Dlq(DlqCommand),
     /// Produce events from a JSON-lines file (or stdin), keyed by order_id.
     Publish(PublishArgs),
-    /// Check the ledger invariant of every (or the named) promotion
-    /// (exit 1 when a breach is found).
+    /// Check the ledger invariant of every (or the named) promotion.
+    ///
+    /// Exits 1 when a breach is found.
     Audit(AuditArgs),
     /// Exit 0 iff the service's /healthz answers 200 (for images without curl).
     Healthcheck(HealthcheckArgs),
@@ -127,12 +133,16 @@ pub enum PromoCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// List the promotions under the key prefix (found with SCAN), sorted
-    /// by id, a page at a time with --limit and --after.
+    /// List the promotions, sorted by id.
+    ///
+    /// Found with SCAN under the key prefix; a page at a time with --limit
+    /// and --after.
     List(PromoListArgs),
-    /// Pause a promotion: placements are rejected promotion_inactive until
-    /// it is resumed; refunds still return their amounts. Only the status
-    /// is written, so it is safe while the service runs.
+    /// Pause a promotion.
+    ///
+    /// Placements are rejected promotion_inactive until it is resumed;
+    /// refunds still return their amounts. Only the status is written, so it
+    /// is safe while the service runs.
     Pause {
         /// Promotion id.
         promotion: String,
@@ -142,19 +152,26 @@ pub enum PromoCommand {
         /// Promotion id.
         promotion: String,
     },
-    /// Add to or take from the budget and/or stock of a live promotion. The
-    /// remaining and the initial amount move together (audit keeps holding);
-    /// never below 0 or above 999999999999999; refused for an unlimited one.
+    /// Add to or take from a live promotion's budget and/or stock.
+    ///
+    /// The remaining and the initial amount move together (audit keeps
+    /// holding); never below 0 or above 999999999999999; refused for an
+    /// unlimited dimension.
     #[command(allow_negative_numbers = true)]
     Adjust(PromoAdjustArgs),
-    /// Set or remove the per-customer limit of a live promotion. A limit
-    /// counts only the orders placed while it is in force: orders placed
-    /// without a limit never count towards one set later, and only orders
-    /// that counted give their slot back when refunded.
+    /// Set or remove a live promotion's per-customer limit.
+    ///
+    /// A limit counts only the orders placed while it is in force: orders
+    /// placed without a limit never count towards one set later, and only
+    /// orders that counted give their slot back when refunded. Lowering it
+    /// takes no order away: the command says how many customers already
+    /// hold more.
     Limit(PromoLimitArgs),
-    /// Delete a promotion's hash; refused while orders still hold
-    /// deductions, unless --force. Records, memos and per-customer counters
-    /// expire with their TTLs.
+    /// Delete a promotion.
+    ///
+    /// Refused while orders still hold deductions, unless --force. Only the
+    /// hash is deleted: records, memos and per-customer counters expire
+    /// with their TTLs.
     Delete {
         /// Promotion id.
         promotion: String,
@@ -181,12 +198,14 @@ pub enum EventCommand {
 pub enum DlqCommand {
     /// One line per dead letter: partition@offset, time, kind, key, error.
     List(DlqListArgs),
-    /// One dead letter in full (headers, payload) and what the parser says now.
+    /// One dead letter in full, and what the parser says of it now.
     Show(DlqShowArgs),
-    /// Send dead letters back to the input topic (kafka.input_topic, and
-    /// nowhere else), key and headers kept, with deductor.redrive.*
-    /// provenance headers. Each record is run through the event parser
-    /// first: still-invalid ones are skipped unless --include-invalid.
+    /// Send dead letters back to the input topic.
+    ///
+    /// Only to kafka.input_topic; key and headers kept, deductor.redrive.*
+    /// provenance headers added. Each record is run through the event
+    /// parser first: still-invalid ones are skipped unless
+    /// --include-invalid; truncated ones always.
     Replay(DlqReplayArgs),
 }
 
