@@ -136,10 +136,16 @@ impl Report {
 /// position.
 struct KafkaFacts {
     topics: Vec<(String, usize)>,
+    /// The group's position on the input topic, or why it could not be read
+    /// (e.g. an ACL without Describe on the group): a warning, not a failure.
+    offsets: Result<Uncommitted, String>,
+}
+
+struct Uncommitted {
     /// Partitions of the input topic without a committed offset, and the
     /// records they hold (high - low watermark).
-    uncommitted: Vec<(i32, i64)>,
-    all_uncommitted: bool,
+    partitions: Vec<(i32, i64)>,
+    all: bool,
 }
 
 /// A Kafka failure and whether it means Kafka could not be reached.
@@ -212,38 +218,37 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
             }
         }
     }
+    let offsets = uncommitted(&consumer, k, &input_partitions);
+    Ok(KafkaFacts { topics, offsets })
+}
+
+/// The input partitions the group has no committed offset on, with the
+/// records each holds.
+fn uncommitted(
+    consumer: &BaseConsumer,
+    k: &KafkaSettings,
+    partitions: &[i32],
+) -> Result<Uncommitted, String> {
     let mut tpl = TopicPartitionList::new();
-    for p in &input_partitions {
+    for p in partitions {
         tpl.add_partition(&k.input_topic, *p);
     }
     let committed = consumer
         .committed_offsets(tpl, Duration::from_secs(10))
-        .map_err(|e| {
-            failed(
-                format!("committed offsets of group {}: {e}", k.group_id),
-                Some(&e),
-            )
-        })?;
-    let mut uncommitted = Vec::new();
+        .map_err(|e| format!("committed offsets of group {}: {e}", k.group_id))?;
+    let mut out = Vec::new();
     for e in committed.elements_for_topic(&k.input_topic) {
         if matches!(e.offset(), Offset::Offset(_)) {
             continue;
         }
         let (low, high) = consumer
             .fetch_watermarks(&k.input_topic, e.partition(), Duration::from_secs(10))
-            .map_err(|err| {
-                failed(
-                    format!("watermarks of {}: {err}", k.input_topic),
-                    Some(&err),
-                )
-            })?;
-        uncommitted.push((e.partition(), (high - low).max(0)));
+            .map_err(|err| format!("watermarks of {}: {err}", k.input_topic))?;
+        out.push((e.partition(), (high - low).max(0)));
     }
-    let all_uncommitted = uncommitted.len() == input_partitions.len();
-    Ok(KafkaFacts {
-        topics,
-        uncommitted,
-        all_uncommitted,
+    Ok(Uncommitted {
+        all: out.len() == partitions.len(),
+        partitions: out,
     })
 }
 
@@ -326,14 +331,24 @@ fn unreachable(e: &LedgerError) -> bool {
 /// hold records and `auto.offset.reset` is `earliest` (the default): its
 /// first start would replay them all.
 fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
+    let u = match &facts.offsets {
+        Ok(u) => u,
+        Err(e) => {
+            r.warn(
+                "offsets",
+                format!("{e}; cannot say where the group would start"),
+            );
+            return;
+        }
+    };
     let reset = k
         .consumer
         .get("auto.offset.reset")
         .map(String::as_str)
         .unwrap_or("latest");
-    let records: i64 = facts.uncommitted.iter().map(|(_, n)| n).sum();
+    let records: i64 = u.partitions.iter().map(|(_, n)| n).sum();
     let group = &k.group_id;
-    if facts.uncommitted.is_empty() {
+    if u.partitions.is_empty() {
         r.ok("offsets", format!("group {group} has committed offsets"));
     } else if reset != "earliest" && reset != "smallest" && reset != "beginning" {
         r.ok(
@@ -341,7 +356,7 @@ fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
             format!(
                 "group {group} has no committed offset on {} partition(s); \
                  auto.offset.reset={reset} starts them at the end",
-                facts.uncommitted.len()
+                u.partitions.len()
             ),
         );
     } else if records == 0 {
@@ -349,18 +364,14 @@ fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
             "offsets",
             format!(
                 "group {group} has no committed offset on {} partition(s), which hold no records",
-                facts.uncommitted.len()
+                u.partitions.len()
             ),
         );
     } else {
-        let which = if facts.all_uncommitted {
+        let which = if u.all {
             "no committed offsets".to_owned()
         } else {
-            let ps: Vec<String> = facts
-                .uncommitted
-                .iter()
-                .map(|(p, _)| p.to_string())
-                .collect();
+            let ps: Vec<String> = u.partitions.iter().map(|(p, _)| p.to_string()).collect();
             format!("no committed offset on partition(s) {}", ps.join(","))
         };
         r.warn(
