@@ -1101,6 +1101,17 @@ async fn a_dead_letter_is_redriven_with_provenance_and_then_decided() {
         0,
         "a time range before the records"
     );
+    let hour_ago = (chrono::Utc::now().timestamp() - 3600).to_string();
+    let o = deductor(
+        &f.env(&[]),
+        &["dlq", "list", "--since", &hour_ago, "--output", "json"],
+    )
+    .await;
+    assert_eq!(
+        json_of(&o).as_array().unwrap().len(),
+        2,
+        "a time range around the records"
+    );
     let o = deductor(
         &f.env(&[]),
         &["dlq", "show", "--partition", "0", "--offset", "0"],
@@ -1469,6 +1480,14 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
         assert!(e.to_string().contains("CORRUPT"), "{e}");
     }
     assert_eq!(r.dump().await, before, "nothing written");
+    // promo list names an unreadable promotion and goes on.
+    let o = admin(&r, &["promo", "list"]).await;
+    assert_exit(&o, 0, "promo list with a corrupt promotion");
+    assert!(
+        stdout(&o).contains("p  UNREADABLE: field "),
+        "{}",
+        stdout(&o)
+    );
     // delete --force removes even a corrupt hash.
     promo::delete(&r.ledger, &p, true).await.unwrap();
     assert_eq!(r.promo_field("p", "stock").await, None);
