@@ -1,4 +1,5 @@
-//! What each subcommand does, on top of the library.
+//! What each subcommand does, on top of the library (`dlq` in the
+//! submodule of that name), and the exit code of an error ([`exit_code`]).
 
 use std::io::BufReader;
 use std::process::ExitCode;
@@ -6,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::admin::{self, PromoSpec};
-use crate::cli::{Command, PromoCommand};
+use crate::admin::promo::{self as promos, Adjustment, Change};
+use crate::admin::{self, AdminError, PromoSpec};
+use crate::cli::{Command, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand};
 use crate::config::Settings;
 use crate::domain::event::Id;
 use crate::ledger::Ledger;
@@ -15,8 +17,26 @@ use crate::ops::http;
 use crate::pipeline::{self, Status};
 use crate::shutdown;
 
-fn promotion_id(s: &str) -> anyhow::Result<Id> {
-    Id::parse(s).map_err(|rule| anyhow::anyhow!("promotion id {s:?}: {rule}"))
+mod dlq;
+mod exit;
+
+pub use exit::{
+    exit_code, kafka_unreachable, Unreachable, UsageError, EXIT_FAILED, EXIT_UNREACHABLE,
+    EXIT_USAGE,
+};
+
+pub(crate) fn promotion_id(s: &str) -> anyhow::Result<Id> {
+    Id::parse(s).map_err(|rule| UsageError(format!("promotion id {s:?}: {rule}")).into())
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Ledger> {
+    Ledger::connect(&settings.redis).await.context("redis")
+}
+
+/// Prints a JSON document; a closed stdout (`| head`) is not an error.
+pub(crate) fn print_json(v: &serde_json::Value) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{v:#}");
 }
 
 pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
@@ -25,40 +45,19 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             run(settings).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check => Ok(if crate::ops::check::run(&settings).await {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }),
-        Command::Promo(PromoCommand::Set(a)) => {
-            let p = promotion_id(&a.promotion)?;
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
-            let spec = PromoSpec {
-                budget: a.budget,
-                stock: a.stock,
-                per_customer: a.per_customer,
-                starts_at: a.starts_at,
-                ends_at: a.ends_at,
-                paused: a.paused,
-            };
-            let result = admin::promo_set(&ledger, &p, spec, a.force).await?;
-            println!("promotion {p} {result}");
-            if let Some(view) = admin::promo_show(&ledger, &p).await? {
-                println!("{view}");
+        Command::Check(output) => {
+            let report = crate::ops::check::run(&settings).await;
+            if output.json() {
+                print_json(&report.to_json());
+            } else {
+                print!("{}", report.text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(ExitCode::from(report.exit_code()))
         }
-        Command::Promo(PromoCommand::Show { promotion }) => {
-            let p = promotion_id(&promotion)?;
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
-            match admin::promo_show(&ledger, &p).await? {
-                Some(view) => {
-                    println!("{view}");
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => anyhow::bail!("promotion {p} does not exist"),
-            }
-        }
+        Command::Promo(c) => promo(c, &settings).await,
+        Command::Dlq(c) => dlq::dlq(c, &settings).await,
+        Command::Order(OrderCommand::Show(a)) => lookup(a, &settings, false).await,
+        Command::Event(EventCommand::Show(a)) => lookup(a, &settings, true).await,
         Command::Publish(a) => {
             let topic = a
                 .topic
@@ -83,13 +82,17 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::SUCCESS)
         }
         Command::Audit(a) => {
-            let ledger = Ledger::connect(&settings.redis).await.context("redis")?;
+            let ledger = connect(&settings).await?;
             let ids = a
                 .promotions
                 .iter()
                 .map(|p| promotion_id(p))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let clean = crate::audit::run(&ledger, &ids).await?;
+            let clean = if a.output.json() {
+                audit_json(&ledger, &ids).await?
+            } else {
+                crate::audit::run(&ledger, &ids).await?
+            };
             Ok(if clean {
                 ExitCode::SUCCESS
             } else {
@@ -105,6 +108,189 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
+    match command {
+        PromoCommand::Set(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let spec = PromoSpec {
+                budget: a.budget,
+                stock: a.stock,
+                per_customer: a.per_customer,
+                starts_at: a.starts_at,
+                ends_at: a.ends_at,
+                paused: a.paused,
+            };
+            if a.force && !a.discard_outstanding {
+                promos::guard_replace(&ledger, &p).await?;
+            }
+            let result = admin::promo_set(&ledger, &p, spec, a.force).await?;
+            println!("promotion {p} {result}");
+            if let Some(view) = admin::promo_show(&ledger, &p).await? {
+                println!("{view}");
+            }
+        }
+        PromoCommand::Show { promotion, output } => {
+            let p = promotion_id(&promotion)?;
+            let ledger = connect(settings).await?;
+            match admin::promo_show(&ledger, &p).await? {
+                Some(view) if output.json() => print_json(&view.to_json()),
+                Some(view) => println!("{view}"),
+                None => return Err(AdminError::NotFound(p).into()),
+            }
+        }
+        PromoCommand::List(a) => {
+            let after = a.after.as_deref().map(promotion_id).transpose()?;
+            let ledger = connect(settings).await?;
+            let page = promos::list(&ledger, after.as_ref(), a.limit).await?;
+            if a.output.json() {
+                let items: Vec<_> = page.iter().map(promos::Listed::to_json).collect();
+                print_json(&serde_json::Value::Array(items));
+            } else {
+                for item in &page {
+                    println!("{}", item.line());
+                }
+                let full = a.limit.is_some_and(|n| page.len() == n);
+                match page.last() {
+                    Some(last) if full => println!(
+                        "{} promotions; next page: promo list --after {}",
+                        page.len(),
+                        last.promotion_id
+                    ),
+                    _ => println!("{} promotions", page.len()),
+                }
+            }
+        }
+        PromoCommand::Pause { promotion } => set_paused(settings, &promotion, true).await?,
+        PromoCommand::Resume { promotion } => set_paused(settings, &promotion, false).await?,
+        PromoCommand::Adjust(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let adj = Adjustment {
+                budget: a.budget,
+                stock: a.stock,
+            };
+            let now = promos::adjust(&ledger, &p, adj).await?;
+            println!("promotion {p} adjusted: {now}");
+        }
+        PromoCommand::Limit(a) => {
+            let p = promotion_id(&a.promotion)?;
+            let ledger = connect(settings).await?;
+            let want = match a.per_customer {
+                Limit::None => None,
+                Limit::Orders(n) => Some(n),
+            };
+            let (change, previous) = promos::limit(&ledger, &p, want).await?;
+            let words =
+                |n: Option<u64>| n.map_or("no limit".to_owned(), |n| format!("{n} per customer"));
+            match change {
+                Change::Changed => println!(
+                    "promotion {p}: {} (was {}); it counts the orders placed from now on",
+                    words(want),
+                    words(previous)
+                ),
+                Change::Unchanged => println!("promotion {p}: already {}", words(want)),
+            }
+            let lowered = match (want, previous) {
+                (Some(n), Some(was)) => n < was,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if let (Some(n), true) = (want, lowered && change == Change::Changed) {
+                let (over, max) = promos::customers_over(&ledger, &p, n).await?;
+                if over > 0 {
+                    println!(
+                        "note: {over} customer(s) already hold more than {n} counted order(s) \
+                         (up to {max}); they keep them, new orders of theirs are rejected \
+                         user_limit_reached, and audit reports them until refunds bring them down"
+                    );
+                }
+            }
+        }
+        PromoCommand::Delete { promotion, force } => {
+            let p = promotion_id(&promotion)?;
+            let ledger = connect(settings).await?;
+            promos::delete(&ledger, &p, force).await?;
+            println!("promotion {p} deleted");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn set_paused(settings: &Settings, promotion: &str, paused: bool) -> anyhow::Result<()> {
+    let p = promotion_id(promotion)?;
+    let ledger = connect(settings).await?;
+    let change = promos::set_paused(&ledger, &p, paused).await?;
+    let state = if paused { "paused" } else { "active" };
+    match change {
+        Change::Changed => println!("promotion {p} {state}"),
+        Change::Unchanged => println!("promotion {p} was already {state}"),
+    }
+    Ok(())
+}
+
+/// `order show` (`event == false`) and `event show`.
+async fn lookup(a: LookupArgs, settings: &Settings, event: bool) -> anyhow::Result<ExitCode> {
+    use crate::admin::lookup;
+    let what = if event { "event" } else { "order" };
+    let id =
+        Id::parse(&a.id).map_err(|rule| UsageError(format!("{what} id {:?}: {rule}", a.id)))?;
+    let p = a.promotion.as_deref().map(promotion_id).transpose()?;
+    let ledger = connect(settings).await?;
+    let (json, words) = if event {
+        let v = lookup::event_show(&ledger, &id, p.as_ref()).await?;
+        (v.to_json(), v.words())
+    } else {
+        let v = lookup::order_show(&ledger, &id, p.as_ref()).await?;
+        (v.to_json(), v.words())
+    };
+    if a.output.json() {
+        print_json(&json);
+    } else {
+        print!("{words}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `audit --output json`: the figures and breaches `audit::audit_one`
+/// finds (its judging untouched), one object per promotion; true when no
+/// breach was found.
+async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
+    let ids = if ids.is_empty() {
+        crate::audit::promotions(ledger).await?
+    } else {
+        ids.to_vec()
+    };
+    let mut clean = true;
+    let mut items = Vec::with_capacity(ids.len());
+    for p in &ids {
+        let r = crate::audit::audit_one(ledger, p).await?;
+        clean &= r.breaches.is_empty();
+        items.push(serde_json::json!({
+            "promotion_id": r.promotion,
+            "exists": r.exists,
+            "budget": r.budget,
+            "initial_budget": r.initial_budget,
+            "outstanding_budget": r.outstanding_budget,
+            "stock": r.stock,
+            "initial_stock": r.initial_stock,
+            "outstanding_stock": r.outstanding_stock,
+            "per_customer": r.per_customer,
+            "records": r.records,
+            "held": r.held,
+            "customers": r.customers,
+            "max_used": r.max_used,
+            "breaches": r.breaches,
+        }));
+    }
+    print_json(&serde_json::json!({
+        "clean": clean,
+        "audited": items.len(),
+        "promotions": items,
+    }));
+    Ok(clean)
 }
 
 /// `deductor run`: the service plus its HTTP endpoints, until SIGTERM.

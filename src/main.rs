@@ -1,4 +1,9 @@
 //! Wiring only: CLI, settings, telemetry, then the command.
+//!
+//! Exit codes: 0 ok; 1 a check failed, a breach was found, or the command
+//! was refused or failed; 2 a usage or configuration error (clap's own
+//! usage errors exit 2 too); 3 a dependency could not be reached
+//! ([`commands::exit_code`]).
 
 use std::process::ExitCode;
 
@@ -29,7 +34,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the error and its causes.
             eprintln!("deductor: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(commands::exit_code(&e))
         }
     }
 }

@@ -25,6 +25,7 @@ pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
+pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -85,6 +86,10 @@ pub fn describe() {
     );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
     describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
+    describe_counter!(
+        DLQ_REDRIVES,
+        "Dead letters handled by `deductor dlq replay`, by result (redriven, would_redrive, skipped, failed)."
+    );
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
@@ -94,6 +99,10 @@ pub fn event(event_type: &'static str, outcome: &'static str) {
 
 pub fn dead_letter(kind: &'static str) {
     counter!(DEAD_LETTERS, "kind" => kind).increment(1);
+}
+
+pub fn dlq_redrive(result: &'static str) {
+    counter!(DLQ_REDRIVES, "result" => result).increment(1);
 }
 
 pub fn retry(stage: &'static str) {

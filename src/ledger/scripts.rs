@@ -56,10 +56,25 @@ pub static ROLLBACK: LazyLock<Script> = with_lib!("rollback");
 pub static MEMO: LazyLock<Script> = with_lib!("memo");
 pub static PROMO_SET: LazyLock<Script> =
     LazyLock::new(|| Script::new("promo_set", include_str!("../../lua/promo_set.lua")));
+// The operator's in-place changes of a live promotion (src/admin/promo.rs).
+pub static PROMO_STATUS: LazyLock<Script> = with_lib!("promo_status");
+pub static PROMO_ADJUST: LazyLock<Script> = with_lib!("promo_adjust");
+pub static PROMO_LIMIT: LazyLock<Script> = with_lib!("promo_limit");
+pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 5] {
-    [&DEDUCT, &RELEASE, &ROLLBACK, &MEMO, &PROMO_SET]
+pub fn all() -> [&'static Script; 9] {
+    [
+        &DEDUCT,
+        &RELEASE,
+        &ROLLBACK,
+        &MEMO,
+        &PROMO_SET,
+        &PROMO_STATUS,
+        &PROMO_ADJUST,
+        &PROMO_LIMIT,
+        &PROMO_DELETE,
+    ]
 }
 
 /// EVALSHA, falling back to EVAL on `NOSCRIPT`.

@@ -1,126 +1,496 @@
 //! `deductor check`: the configuration is valid, Kafka answers with the
 //! topics, Redis answers and has the scripts. One line per check; secrets
 //! never printed.
+//!
+//! Besides pass / fail, a check may warn about something that works today
+//! but can lose or replay data: Redis without AOF or with an evicting
+//! `maxmemory-policy`, and a consumer group without committed offsets that
+//! `auto.offset.reset=earliest` would start from the beginning of a topic
+//! holding records. Warnings never fail the check.
 
 use std::time::Duration;
 
+use fred::prelude::{ClientLike, ClusterInterface};
+use fred::types::InfoKind;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::{redact_url, Settings};
+use crate::commands::{kafka_unreachable, EXIT_FAILED, EXIT_UNREACHABLE};
+use crate::config::{redact_url, KafkaSettings, Settings};
 use crate::kafka::consumer::consumer_config;
-use crate::ledger::Ledger;
+use crate::ledger::{ErrorClass, Ledger, LedgerError};
 
-/// Runs every check, printing one line each; true when all passed.
-pub async fn run(settings: &Settings) -> bool {
-    let mut ok = true;
-    let mut line = |name: &str, result: Result<String, String>| match result {
-        Ok(detail) => println!("ok    {name}: {detail}"),
-        Err(detail) => {
-            ok = false;
-            println!("FAIL  {name}: {detail}");
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
         }
+    }
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+    /// A failure because Kafka or Redis could not be reached (exit 3).
+    pub unreachable: bool,
+}
+
+/// Every check's result, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub lines: Vec<Line>,
+}
+
+impl Report {
+    fn push(&mut self, name: &'static str, status: Status, detail: String, unreachable: bool) {
+        self.lines.push(Line {
+            name,
+            status,
+            detail,
+            unreachable,
+        });
+    }
+
+    fn ok(&mut self, name: &'static str, detail: String) {
+        self.push(name, Status::Ok, detail, false);
+    }
+
+    fn warn(&mut self, name: &'static str, detail: String) {
+        self.push(name, Status::Warn, detail, false);
+    }
+
+    fn fail(&mut self, name: &'static str, detail: String, unreachable: bool) {
+        self.push(name, Status::Fail, detail, unreachable);
+    }
+
+    /// True when no check failed (warnings allowed).
+    pub fn passed(&self) -> bool {
+        self.lines.iter().all(|l| l.status != Status::Fail)
+    }
+
+    /// 0 passed; 3 when a dependency could not be reached; else 1.
+    pub fn exit_code(&self) -> u8 {
+        let failed = self.lines.iter().filter(|l| l.status == Status::Fail);
+        let mut code = 0;
+        for l in failed {
+            code = if l.unreachable {
+                EXIT_UNREACHABLE
+            } else {
+                code.max(EXIT_FAILED)
+            };
+            if code == EXIT_UNREACHABLE {
+                break;
+            }
+        }
+        code
+    }
+
+    /// `ok    name: detail` lines (`WARN`, `FAIL` for the others).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for l in &self.lines {
+            let tag = match l.status {
+                Status::Ok => "ok   ",
+                Status::Warn => "WARN ",
+                Status::Fail => "FAIL ",
+            };
+            out.push_str(&format!("{tag} {}: {}\n", l.name, l.detail));
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let checks: Vec<_> = self
+            .lines
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "name": l.name,
+                    "status": l.status.as_str(),
+                    "detail": l.detail,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "passed": self.passed(),
+            "warnings": self.lines.iter().filter(|l| l.status == Status::Warn).count(),
+            "checks": checks,
+        })
+    }
+}
+
+/// What Kafka said: the topics and, for the input topic, the group's
+/// position.
+struct KafkaFacts {
+    topics: Vec<(String, usize)>,
+    /// The group's position on the input topic, or why it could not be read
+    /// (e.g. an ACL without Describe on the group): a warning, not a failure.
+    offsets: Result<Uncommitted, String>,
+}
+
+struct Uncommitted {
+    /// Partitions of the input topic without a committed offset, and the
+    /// records they hold (high - low watermark).
+    partitions: Vec<(i32, i64)>,
+    all: bool,
+}
+
+/// A Kafka failure and whether it means Kafka could not be reached.
+struct KafkaFailure {
+    detail: String,
+    unreachable: bool,
+}
+
+fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
+    let failed = |detail: String, e: Option<&KafkaError>| KafkaFailure {
+        detail,
+        unreachable: e.is_some_and(kafka_unreachable),
     };
-    line(
+    let mut config = consumer_config(k);
+    // No statistics: the default context would print them every interval.
+    config.set("statistics.interval.ms", "0");
+    let consumer: BaseConsumer = config
+        .create()
+        .map_err(|e| failed(e.to_string(), Some(&e)))?;
+    let md = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| {
+            // A refused login (wrong SASL password) reaches a consumer as
+            // an error event, while the metadata request only times out
+            // as a transport failure, which alone does not say what to
+            // fix. The event carries the code, never the password.
+            let cause = (0..5).find_map(|_| match consumer.poll(Duration::from_millis(100)) {
+                Some(Err(cause)) => Some(cause),
+                _ => None,
+            });
+            let refused = cause
+                .as_ref()
+                .and_then(|c| c.rdkafka_error_code())
+                .is_some_and(|c| {
+                    matches!(
+                        c,
+                        RDKafkaErrorCode::Authentication
+                            | RDKafkaErrorCode::SaslAuthenticationFailed
+                    )
+                });
+            let detail = match &cause {
+                Some(cause) if refused => format!(
+                    "metadata from {}: {e}; the broker refused the login \
+                     (check kafka.consumer sasl.username / sasl.password): {cause}",
+                    k.brokers
+                ),
+                Some(cause) => format!("metadata from {}: {e}; {cause}", k.brokers),
+                None => format!("metadata from {}: {e}", k.brokers),
+            };
+            KafkaFailure {
+                detail,
+                unreachable: !refused,
+            }
+        })?;
+    let mut topics = Vec::new();
+    let mut input_partitions = Vec::new();
+    for t in [&k.input_topic, &k.outcome_topic, &k.dlq_topic] {
+        match md.topics().iter().find(|x| x.name() == t.as_str()) {
+            Some(x) if x.error().is_none() => {
+                topics.push((t.clone(), x.partitions().len()));
+                if *t == k.input_topic {
+                    input_partitions = x.partitions().iter().map(|p| p.id()).collect();
+                }
+            }
+            _ => {
+                return Err(failed(
+                    format!("topic {t} does not exist; create it (scripts/dev-stack topic {t} N)"),
+                    None,
+                ))
+            }
+        }
+    }
+    let offsets = uncommitted(&consumer, k, &input_partitions);
+    Ok(KafkaFacts { topics, offsets })
+}
+
+/// The input partitions the group has no committed offset on, with the
+/// records each holds.
+fn uncommitted(
+    consumer: &BaseConsumer,
+    k: &KafkaSettings,
+    partitions: &[i32],
+) -> Result<Uncommitted, String> {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(&k.input_topic, *p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .map_err(|e| format!("committed offsets of group {}: {e}", k.group_id))?;
+    let mut out = Vec::new();
+    for e in committed.elements_for_topic(&k.input_topic) {
+        if matches!(e.offset(), Offset::Offset(_)) {
+            continue;
+        }
+        let (low, high) = consumer
+            .fetch_watermarks(&k.input_topic, e.partition(), Duration::from_secs(10))
+            .map_err(|err| format!("watermarks of {}: {err}", k.input_topic))?;
+        out.push((e.partition(), (high - low).max(0)));
+    }
+    Ok(Uncommitted {
+        all: out.len() == partitions.len(),
+        partitions: out,
+    })
+}
+
+/// Runs every check.
+pub async fn run(settings: &Settings) -> Report {
+    let mut r = Report::default();
+    r.ok(
         "config",
-        Ok(format!(
+        format!(
             "brokers {}, group {}, redis {}",
             settings.kafka.brokers,
             settings.kafka.group_id,
             redact_url(&settings.redis.url)
-        )),
+        ),
     );
 
     let k = settings.kafka.clone();
-    let kafka = tokio::task::spawn_blocking(move || -> Result<Vec<(String, usize)>, String> {
-        let mut config = consumer_config(&k);
-        // No statistics: the default context would print them every interval.
-        config.set("statistics.interval.ms", "0");
-        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-        let md = consumer
-            .fetch_metadata(None, Duration::from_secs(10))
-            .map_err(|e| {
-                // A refused login (wrong SASL password) reaches a consumer as
-                // an error event, while the metadata request only times out
-                // as a transport failure, which alone does not say what to
-                // fix. The event carries the code, never the password.
-                let cause = (0..5).find_map(|_| match consumer.poll(Duration::from_millis(100)) {
-                    Some(Err(cause)) => Some(cause),
-                    _ => None,
-                });
-                let refused = cause
-                    .as_ref()
-                    .and_then(|c| c.rdkafka_error_code())
-                    .is_some_and(|c| {
-                        matches!(
-                            c,
-                            RDKafkaErrorCode::Authentication
-                                | RDKafkaErrorCode::SaslAuthenticationFailed
-                        )
-                    });
-                match cause {
-                    Some(cause) if refused => format!(
-                        "metadata from {}: {e}; the broker refused the login \
-                         (check kafka.consumer sasl.username / sasl.password): {cause}",
-                        k.brokers
-                    ),
-                    Some(cause) => format!("metadata from {}: {e}; {cause}", k.brokers),
-                    None => format!("metadata from {}: {e}", k.brokers),
-                }
-            })?;
-        let mut found = Vec::new();
-        for t in [&k.input_topic, &k.outcome_topic, &k.dlq_topic] {
-            match md.topics().iter().find(|x| x.name() == t.as_str()) {
-                Some(x) if x.error().is_none() => found.push((t.clone(), x.partitions().len())),
-                _ => {
-                    return Err(format!(
-                        "topic {t} does not exist; create it (scripts/dev-stack topic {t} N)"
-                    ))
-                }
-            }
-        }
-        Ok(found)
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    let kafka = tokio::task::spawn_blocking(move || kafka_checks(&k))
+        .await
+        .unwrap_or_else(|e| {
+            Err(KafkaFailure {
+                detail: e.to_string(),
+                unreachable: false,
+            })
+        });
     match kafka {
-        Ok(topics) => {
-            line("kafka", Ok(format!("{} answers", settings.kafka.brokers)));
-            for (t, n) in topics {
-                line("topic", Ok(format!("{t} ({n} partitions)")));
+        Ok(facts) => {
+            r.ok("kafka", format!("{} answers", settings.kafka.brokers));
+            for (t, n) in &facts.topics {
+                r.ok("topic", format!("{t} ({n} partitions)"));
             }
+            offsets_check(&mut r, &settings.kafka, &facts);
         }
-        Err(e) => line("kafka", Err(e)),
+        Err(f) => r.fail("kafka", f.detail, f.unreachable),
     }
 
     match tokio::time::timeout(Duration::from_secs(10), Ledger::connect(&settings.redis)).await {
-        Err(_) => line(
+        Err(_) => r.fail(
             "redis",
-            Err(format!(
-                "{}: no answer in 10s",
-                redact_url(&settings.redis.url)
-            )),
+            format!("{}: no answer in 10s", redact_url(&settings.redis.url)),
+            true,
         ),
-        Ok(Err(e)) => line("redis", Err(e.to_string())),
+        Ok(Err(e)) => {
+            let unreachable = unreachable(&e);
+            r.fail("redis", e.to_string(), unreachable);
+        }
         Ok(Ok(ledger)) => {
-            line(
-                "redis",
-                ledger
-                    .ping()
-                    .await
-                    .map(|_| format!("{} answers", redact_url(&settings.redis.url)))
-                    .map_err(|e| e.to_string()),
-            );
-            line(
-                "scripts",
-                ledger
-                    .load_scripts()
-                    .await
-                    .map(|_| "loaded".to_owned())
-                    .map_err(|e| e.to_string()),
-            );
+            match ledger.ping().await {
+                Ok(()) => r.ok(
+                    "redis",
+                    format!("{} answers", redact_url(&settings.redis.url)),
+                ),
+                Err(e) => {
+                    let unreachable = unreachable(&e);
+                    r.fail("redis", e.to_string(), unreachable);
+                }
+            }
+            match ledger.load_scripts().await {
+                Ok(()) => r.ok("scripts", "loaded".to_owned()),
+                Err(e) => {
+                    let unreachable = unreachable(&e);
+                    r.fail("scripts", e.to_string(), unreachable);
+                }
+            }
+            durability_check(&mut r, &ledger).await;
             ledger.quit().await;
         }
     }
-    ok
+    r
+}
+
+fn unreachable(e: &LedgerError) -> bool {
+    matches!(
+        e.class(),
+        ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster
+    )
+}
+
+/// Warns when the group has no committed offset on input partitions that
+/// hold records and `auto.offset.reset` is `earliest` (the default): its
+/// first start would replay them all.
+fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
+    let u = match &facts.offsets {
+        Ok(u) => u,
+        Err(e) => {
+            r.warn(
+                "offsets",
+                format!("{e}; cannot say where the group would start"),
+            );
+            return;
+        }
+    };
+    let reset = k
+        .consumer
+        .get("auto.offset.reset")
+        .map(String::as_str)
+        .unwrap_or("latest");
+    let records: i64 = u.partitions.iter().map(|(_, n)| n).sum();
+    let group = &k.group_id;
+    if u.partitions.is_empty() {
+        r.ok("offsets", format!("group {group} has committed offsets"));
+    } else if reset != "earliest" && reset != "smallest" && reset != "beginning" {
+        r.ok(
+            "offsets",
+            format!(
+                "group {group} has no committed offset on {} partition(s); \
+                 auto.offset.reset={reset} starts them at the end",
+                u.partitions.len()
+            ),
+        );
+    } else if records == 0 {
+        r.ok(
+            "offsets",
+            format!(
+                "group {group} has no committed offset on {} partition(s), which hold no records",
+                u.partitions.len()
+            ),
+        );
+    } else {
+        let which = if u.all {
+            "no committed offsets".to_owned()
+        } else {
+            let ps: Vec<String> = u.partitions.iter().map(|(p, _)| p.to_string()).collect();
+            format!("no committed offset on partition(s) {}", ps.join(","))
+        };
+        r.warn(
+            "offsets",
+            format!(
+                "group {group} has {which} on {}; with auto.offset.reset=earliest its first \
+                 start replays {records} record(s) from the beginning (see docs/operations.md, \
+                 \"Replaying from an offset\")",
+                k.input_topic
+            ),
+        );
+    }
+}
+
+/// `INFO persistence` / `INFO memory` of every primary: warns when AOF is
+/// off or `maxmemory-policy` may evict keys (records carry TTLs, so even
+/// `volatile-*` policies evict them). `INFO` is in the service's ACL; a
+/// refusal is a warning too (durability could not be checked).
+async fn durability_check(r: &mut Report, ledger: &Ledger) {
+    let client = ledger.pool().next();
+    let mut nodes: Vec<Option<fred::types::config::Server>> = vec![None];
+    if client.is_clustered() {
+        if let Some(state) = client.cached_cluster_state() {
+            nodes = state.unique_primary_nodes().into_iter().map(Some).collect();
+        }
+    }
+    let mut problems = Vec::new();
+    for node in nodes {
+        let name = node.as_ref().map(|s| format!("{s} ")).unwrap_or_default();
+        let info = |kind| {
+            let node = node.clone();
+            async move {
+                match node {
+                    Some(s) => client.with_cluster_node(s).info::<String>(Some(kind)).await,
+                    None => client.info::<String>(Some(kind)).await,
+                }
+            }
+        };
+        let text = match (
+            info(InfoKind::Persistence).await,
+            info(InfoKind::Memory).await,
+        ) {
+            (Ok(p), Ok(m)) => format!("{p}\n{m}"),
+            (Err(e), _) | (_, Err(e)) => {
+                problems.push(format!("{name}INFO failed, durability not checked: {e}"));
+                continue;
+            }
+        };
+        problems.extend(
+            durability_problems(&text)
+                .into_iter()
+                .map(|p| format!("{name}{p}")),
+        );
+    }
+    if problems.is_empty() {
+        r.ok(
+            "durability",
+            "AOF on, maxmemory-policy noeviction".to_owned(),
+        );
+    } else {
+        r.warn(
+            "durability",
+            format!(
+                "{}: acknowledged deductions can be lost (see docs/operations.md, \"Redis durability\")",
+                problems.join("; ")
+            ),
+        );
+    }
+}
+
+/// What is not durable in an `INFO` text.
+fn durability_problems(info: &str) -> Vec<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::to_owned)
+    };
+    let mut out = Vec::new();
+    match field("aof_enabled").as_deref() {
+        Some("1") => {}
+        Some(_) => out.push("AOF is off (appendonly no)".to_owned()),
+        None => out.push("INFO does not say whether AOF is on".to_owned()),
+    }
+    match field("maxmemory_policy").as_deref() {
+        Some("noeviction") | None => {}
+        Some(p) => out.push(format!(
+            "maxmemory-policy {p} may evict promotion keys (use noeviction)"
+        )),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durability_problems_are_named() {
+        let good = "# Persistence\r\naof_enabled:1\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n";
+        assert!(durability_problems(good).is_empty());
+        let bad = "aof_enabled:0\r\nmaxmemory_policy:volatile-lru\r\n";
+        let p = durability_problems(bad);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("AOF is off"), "{p:?}");
+        assert!(p[1].contains("volatile-lru"), "{p:?}");
+    }
+
+    #[test]
+    fn exit_codes_prefer_unreachable() {
+        let mut r = Report::default();
+        r.ok("config", String::new());
+        r.warn("durability", String::new());
+        assert_eq!(r.exit_code(), 0);
+        assert!(r.passed());
+        r.fail("kafka", "topic missing".into(), false);
+        assert_eq!(r.exit_code(), EXIT_FAILED);
+        r.fail("redis", "refused".into(), true);
+        assert_eq!(r.exit_code(), EXIT_UNREACHABLE);
+        assert_eq!(r.to_json()["passed"], false);
+        assert_eq!(r.to_json()["warnings"], 1);
+    }
 }

@@ -4,11 +4,21 @@
 //! (CONTRACT.md section 2). Besides the contract's fields, `promo set` stores
 //! `initial_budget` / `initial_stock`, which the scripts ignore, so that an
 //! audit can check `initial - remaining == outstanding`.
+//!
+//! [`promo`]: in-place changes of a live promotion (pause, resume, adjust,
+//! limit, delete) and `promo list`; [`lookup`]: `order show` / `event show`;
+//! [`dlq`]: the dead-letter topic.
+
+pub mod dlq;
+pub mod lookup;
+pub mod promo;
 
 use std::collections::HashMap;
 use std::fmt;
 
-use fred::prelude::HashesInterface;
+use fred::prelude::{ClientLike, HashesInterface};
+use fred::types::scan::ScanType;
+use futures::stream::StreamExt;
 
 use crate::domain::event::Id;
 use crate::ledger::{scripts, Ledger, LedgerError};
@@ -52,6 +62,12 @@ impl fmt::Display for PromoSetResult {
 pub enum AdminError {
     #[error("promotion {0} exists; pass --force to overwrite")]
     Exists(Id),
+    #[error("promotion {0} does not exist")]
+    NotFound(Id),
+    /// The change was refused as it stands; nothing was written. The text
+    /// says why and what to do instead.
+    #[error("{0}")]
+    Refused(String),
     #[error("invalid promotion: {0}")]
     Invalid(String),
     #[error("promotion {promotion} has corrupt data: field {field} = {value:?}")]
@@ -77,6 +93,9 @@ pub struct PromoView {
     pub ends_at: Option<i64>,
     pub initial_budget: Option<u64>,
     pub initial_stock: Option<u64>,
+    /// The promotion's incarnation (`gen`), when stored: promotions written
+    /// before it existed lack it.
+    pub gen: Option<u64>,
 }
 
 impl PromoSpec {
@@ -198,7 +217,33 @@ pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, Ad
         ends_at: num("ends_at")?.map(|v| v as i64),
         initial_budget: num("initial_budget")?,
         initial_stock: num("initial_stock")?,
+        gen: num("gen")?,
     }))
+}
+
+/// Every key matching `pattern` (and of type `kind`, when given), with
+/// `SCAN` (never `KEYS`), over every primary of a Cluster.
+pub(crate) async fn scan_keys(
+    ledger: &Ledger,
+    pattern: &str,
+    kind: Option<ScanType>,
+) -> Result<Vec<String>, LedgerError> {
+    let client = ledger.pool().next();
+    let mut stream = if client.is_clustered() {
+        client
+            .scan_cluster_buffered(pattern, Some(1000), kind)
+            .boxed()
+    } else {
+        client.scan_buffered(pattern, Some(1000), kind).boxed()
+    };
+    let mut out = Vec::new();
+    while let Some(k) = stream.next().await {
+        let k = k.map_err(|e| LedgerError::redis("scan", e))?;
+        if let Some(s) = k.as_str() {
+            out.push(s.to_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// The contract's canonical integer: `0` or no leading zero, digits only,
@@ -210,10 +255,29 @@ fn is_canonical(s: &str) -> bool {
         && (s == "0" || !s.starts_with('0'))
 }
 
-fn unix(secs: i64) -> String {
+pub(crate) fn unix(secs: i64) -> String {
     chrono::DateTime::from_timestamp(secs, 0)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .unwrap_or_else(|| secs.to_string())
+}
+
+impl PromoView {
+    /// The `--output json` form: amounts as numbers, `null` = unlimited
+    /// (or, for a window bound, open).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "promotion_id": self.promotion_id.as_str(),
+            "status": if self.paused { "paused" } else { "active" },
+            "budget": self.budget,
+            "initial_budget": self.initial_budget,
+            "stock": self.stock,
+            "initial_stock": self.initial_stock,
+            "per_customer": self.per_customer,
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+            "gen": self.gen,
+        })
+    }
 }
 
 impl fmt::Display for PromoView {
@@ -298,11 +362,17 @@ mod tests {
             ends_at: None,
             initial_budget: Some(100_000),
             initial_stock: None,
+            gen: Some(3),
         };
         let s = v.to_string();
         assert!(s.contains("flash-42: active"), "{s}");
         assert!(s.contains("budget: 98500 remaining of 100000"), "{s}");
         assert!(s.contains("stock: unlimited"), "{s}");
         assert!(s.contains("1970-01-01T00:00:00Z"), "{s}");
+        let j = v.to_json();
+        assert_eq!(j["budget"], 98_500);
+        assert_eq!(j["stock"], serde_json::Value::Null);
+        assert_eq!(j["status"], "active");
+        assert_eq!(j["gen"], 3);
     }
 }

@@ -1,0 +1,131 @@
+//! The exit code of a failed command ([`exit_code`]), from the kinds of
+//! the errors in its chain, never from message text. Documented in
+//! docs/operations.md: 0 ok; 1 a check failed, a breach was found, or the
+//! command was refused or failed; 2 a usage or configuration error; 3 a
+//! dependency (Kafka or Redis) could not be reached.
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use crate::admin::AdminError;
+use crate::config::ConfigError;
+use crate::ledger::{ErrorClass, LedgerError};
+
+/// Exit code: a check failed, a breach was found, or the command was
+/// refused or failed.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code: a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: a dependency (Kafka or Redis) could not be reached.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+/// The command line asked for something malformed (an invalid id, a bad
+/// combination of flags): exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Kafka or Redis could not be reached: exit 3.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(pub String);
+
+/// The exit code of a failed command, from the kinds of the errors in its
+/// chain (never from message text): usage and configuration errors 2,
+/// unreachable dependencies 3, anything else 1.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<UsageError>() || cause.is::<ConfigError>() {
+            return EXIT_USAGE;
+        }
+        if cause.is::<Unreachable>() {
+            return EXIT_UNREACHABLE;
+        }
+        // AdminError::Ledger is transparent: its LedgerError is not a
+        // separate link of the chain.
+        let ledger = match cause.downcast_ref::<AdminError>() {
+            Some(AdminError::Invalid(_)) => return EXIT_USAGE,
+            Some(AdminError::Ledger(l)) => Some(l),
+            _ => cause.downcast_ref::<LedgerError>(),
+        };
+        if let Some(code) = ledger.and_then(redis_exit_code) {
+            return code;
+        }
+        if cause
+            .downcast_ref::<KafkaError>()
+            .is_some_and(kafka_unreachable)
+        {
+            return EXIT_UNREACHABLE;
+        }
+    }
+    EXIT_FAILED
+}
+
+fn redis_exit_code(e: &LedgerError) -> Option<u8> {
+    match e.class() {
+        ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster => {
+            Some(EXIT_UNREACHABLE)
+        }
+        // Wrong credentials, URL or TLS settings: fix the configuration.
+        ErrorClass::Auth | ErrorClass::Config => Some(EXIT_USAGE),
+        _ => None,
+    }
+}
+
+/// Kafka errors that mean the brokers could not be reached (in time).
+pub fn kafka_unreachable(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::Resolve
+                | C::MessageTimedOut
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+                | C::NetworkException
+                | C::BrokerNotAvailable
+                | C::LeaderNotAvailable
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Id;
+
+    #[test]
+    fn errors_map_to_the_documented_exit_codes() {
+        let usage: anyhow::Error = UsageError("promotion id \"a:b\"".into()).into();
+        assert_eq!(exit_code(&usage), EXIT_USAGE);
+        let invalid: anyhow::Error = AdminError::Invalid("budget".into()).into();
+        assert_eq!(exit_code(&invalid.context("promo set")), EXIT_USAGE);
+        let p = Id::parse("p").unwrap();
+        let refused: anyhow::Error = AdminError::NotFound(p).into();
+        assert_eq!(exit_code(&refused), EXIT_FAILED);
+        let down = LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::IO, "refused"),
+        );
+        let down: anyhow::Error = anyhow::Error::from(down).context("redis");
+        assert_eq!(exit_code(&down), EXIT_UNREACHABLE);
+        let wrapped: anyhow::Error = AdminError::Ledger(LedgerError::redis(
+            "hgetall",
+            fred::error::Error::new(fred::error::ErrorKind::Timeout, "slow"),
+        ))
+        .into();
+        assert_eq!(exit_code(&wrapped), EXIT_UNREACHABLE);
+        let auth = LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::Auth, "WRONGPASS"),
+        );
+        assert_eq!(exit_code(&auth.into()), EXIT_USAGE);
+        let kafka = KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown);
+        assert_eq!(
+            exit_code(&anyhow::Error::from(kafka).context("dlq")),
+            EXIT_UNREACHABLE
+        );
+        assert_eq!(exit_code(&anyhow::anyhow!("other")), EXIT_FAILED);
+    }
+}
