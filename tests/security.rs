@@ -360,7 +360,7 @@ const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping
 
 /// The operators' user for `promo set|show` and `audit`, as documented.
 const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +incr +hset +del +hgetall +get +type +scan";
+    +exists +incr +hset +hdel +del +hgetall +hget +get +type +scan";
 
 fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
     let mut v = vec![
