@@ -123,10 +123,14 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 ends_at: a.ends_at,
                 paused: a.paused,
             };
-            if a.force && !a.discard_outstanding {
+            let result = if a.force && !a.discard_outstanding {
+                // Explains what is outstanding (counting records where the
+                // hash cannot say); the script checks again as it writes.
                 promos::guard_replace(&ledger, &p).await?;
-            }
-            let result = admin::promo_set(&ledger, &p, spec, a.force).await?;
+                admin::promo_replace_if_settled(&ledger, &p, spec).await?
+            } else {
+                admin::promo_set(&ledger, &p, spec, a.force).await?
+            };
             println!("promotion {p} {result}");
             if let Some(view) = admin::promo_show(&ledger, &p).await? {
                 println!("{view}");

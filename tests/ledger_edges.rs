@@ -496,3 +496,39 @@ async fn a_refund_redelivered_after_refund_ttl_repeats_its_result() {
     assert_eq!(r.promo_field("p", "budget").await.as_deref(), Some("940"));
     audit_clean(&r, "p").await;
 }
+
+/// `promo set --force` without `--discard-outstanding` checks in the same
+/// script as the write that nothing is outstanding: a deduction landing after
+/// the CLI's first look is still seen, and nothing is replaced.
+#[tokio::test]
+async fn a_guarded_replace_refuses_while_deductions_are_outstanding() {
+    let r = standalone().await;
+    let p = id("p");
+    admin::promo_set(&r.ledger, &p, spec(None, Some(5), None), false)
+        .await
+        .unwrap();
+    assert!(is_accepted(
+        &r.ledger
+            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
+            .await
+            .unwrap()
+    ));
+    let before = r.dump().await;
+    let e = admin::promo_replace_if_settled(&r.ledger, &p, spec(None, Some(9), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, admin::AdminError::Refused(_)), "{e}");
+    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.ledger
+        .refund(&refunded("r1", "o1", "c", &[("p", None, None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        admin::promo_replace_if_settled(&r.ledger, &p, spec(None, Some(9), None))
+            .await
+            .unwrap(),
+        admin::PromoSetResult::Replaced
+    );
+    assert_eq!(r.promo_field("p", "stock").await.as_deref(), Some("9"));
+    assert_eq!(r.promo_field("p", "gen").await.as_deref(), Some("2"));
+}

@@ -159,8 +159,28 @@ pub async fn promo_set(
     spec: PromoSpec,
     force: bool,
 ) -> Result<PromoSetResult, AdminError> {
+    set_as(ledger, p, spec, if force { "2" } else { "0" }).await
+}
+
+/// `promo set --force` without `--discard-outstanding`: replaces `p` only
+/// when its hash shows nothing outstanding at the moment of the write (the
+/// check and the replace are one script); refused otherwise.
+pub async fn promo_replace_if_settled(
+    ledger: &Ledger,
+    p: &Id,
+    spec: PromoSpec,
+) -> Result<PromoSetResult, AdminError> {
+    set_as(ledger, p, spec, "1").await
+}
+
+async fn set_as(
+    ledger: &Ledger,
+    p: &Id,
+    spec: PromoSpec,
+    mode: &str,
+) -> Result<PromoSetResult, AdminError> {
     spec.validate()?;
-    let mut args = vec![if force { "1" } else { "0" }.to_owned()];
+    let mut args = vec![mode.to_owned()];
     for (k, v) in spec.fields() {
         args.push(k.to_owned());
         args.push(v);
@@ -171,6 +191,11 @@ pub async fn promo_set(
         Some("created") => Ok(PromoSetResult::Created),
         Some("replaced") => Ok(PromoSetResult::Replaced),
         Some("exists") => Err(AdminError::Exists(p.clone())),
+        Some("outstanding") => Err(AdminError::Refused(format!(
+            "promotion {p} has outstanding deductions (a deduction landed meanwhile); \
+             nothing was replaced: change it in place with promo adjust / limit / pause / \
+             resume, or pass --discard-outstanding"
+        ))),
         _ => Err(LedgerError::MalformedReply {
             script: scripts::PROMO_SET.name,
             detail: format!("{reply:?}"),
