@@ -143,6 +143,23 @@ pub fn end_to_end(record_timestamp_ms: Option<i64>) {
     }
 }
 
+pub fn script_duration(script: &'static str, seconds: f64) {
+    metrics::histogram!(SCRIPT_DURATION, "script" => script).record(seconds);
+}
+
+pub fn slow_script(script: &'static str) {
+    counter!(SLOW_SCRIPTS, "script" => script).increment(1);
+}
+
+pub fn corrupt_data() {
+    counter!(CORRUPT).increment(1);
+}
+
+/// A Redis error, by its class (`ErrorClass::as_str`).
+pub fn redis_error(kind: &'static str) {
+    counter!(REDIS_ERRORS, "kind" => kind).increment(1);
+}
+
 /// A refund named another customer than the one its deduction counted for.
 pub fn refund_customer_mismatch() {
     counter!(REFUND_CUSTOMER_MISMATCH).increment(1);

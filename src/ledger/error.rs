@@ -155,8 +155,7 @@ impl LedgerError {
     }
 
     fn count(&self) {
-        metrics::counter!("deductor_redis_errors_total", "kind" => self.class().as_str())
-            .increment(1);
+        crate::metrics::redis_error(self.class().as_str());
     }
 
     pub fn class(&self) -> ErrorClass {

@@ -459,8 +459,7 @@ impl Ledger {
         };
         let result = scripts::eval(client, script, keys, args).await;
         let took = start.elapsed();
-        metrics::histogram!("deductor_script_duration_seconds", "script" => script.name)
-            .record(took.as_secs_f64());
+        crate::metrics::script_duration(script.name, took.as_secs_f64());
         if took > self.shared.slow_script {
             tracing::warn!(
                 script = script.name,
@@ -468,7 +467,7 @@ impl Ledger {
                 elapsed_ms = took.as_millis() as u64,
                 "slow Redis script"
             );
-            metrics::counter!("deductor_slow_scripts_total", "script" => script.name).increment(1);
+            crate::metrics::slow_script(script.name);
         }
         result.map_err(|e| LedgerError::redis(script.name, e))
     }
@@ -481,7 +480,7 @@ impl Ledger {
             error = %err,
             "corrupt promotion data; the line is rejected corrupt_promotion (remembered for a placement)"
         );
-        metrics::counter!("deductor_corrupt_data_total").increment(1);
+        crate::metrics::corrupt_data();
     }
 }
 
