@@ -35,6 +35,12 @@ fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
     (l.status, l.duplicate, l.budget, l.stock)
 }
 
+/// Places an event that must be accepted.
+async fn accept(r: &TestRedis, e: &str, o: &str, c: &str, t: i64, lines: &[(&str, u64, u64)]) {
+    let d = r.ledger.place(&placed(e, o, c, t, lines)).await.unwrap();
+    assert!(is_accepted(&d), "{e}: {d:?}");
+}
+
 async fn audit_clean(r: &TestRedis, p: &str) {
     let report = audit::audit_one(&r.ledger, &id(p)).await.unwrap();
     assert!(report.breaches.is_empty(), "{p}: {:?}", report.breaches);
@@ -96,12 +102,7 @@ async fn corrupt_data_is_remembered_so_every_delivery_repeats_the_rejection() {
 
     // A refund meeting corrupt data repeats its rejection after the repair;
     // a new refund event of the order applies.
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e3", "o3", "c1", T, &[("p1", 0, 2)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e3", "o3", "c1", T, &[("p1", 0, 2)]).await;
     r.hset(&r.keys().promotion(&id("p1")), &[("stock", "08")])
         .await;
     let refund = refunded("r1", "o3", "c1", &[("p1", None, None)]);
@@ -187,20 +188,10 @@ async fn a_limit_added_later_only_gives_back_counted_slots() {
     admin::promo_set(&r.ledger, &p, spec(None, Some(100), None), false)
         .await
         .unwrap();
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e1", "o1", "c", T, &[("p", 0, 1)]).await;
     r.hset(&r.keys().promotion(&p), &[("per_customer", "1")])
         .await;
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e2", "o2", "c", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e2", "o2", "c", T, &[("p", 0, 1)]).await;
     let used = r.keys().used(&p, &id("c"));
     assert_eq!(r.get(&used).await.as_deref(), Some("1"));
     r.ledger
@@ -230,12 +221,7 @@ async fn a_limit_removed_and_restored_keeps_the_counted_slot() {
     admin::promo_set(&r.ledger, &p, spec(None, Some(100), Some(1)), false)
         .await
         .unwrap();
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e1", "o1", "c", T, &[("p", 0, 1)]).await;
     let _: () =
         fred::prelude::HashesInterface::hdel(r.pool(), r.keys().promotion(&p), "per_customer")
             .await
@@ -251,12 +237,7 @@ async fn a_limit_removed_and_restored_keeps_the_counted_slot() {
         .await
         .unwrap();
     assert_eq!(rejected(&d).1, Reason::StockInsufficient);
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e3", "o3", "c", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e3", "o3", "c", T, &[("p", 0, 1)]).await;
     r.ledger
         .refund(&refunded("r3", "o3", "c", &[("p", None, None)]))
         .await
@@ -285,12 +266,7 @@ async fn a_refund_naming_another_customer_frees_the_deductions_customer() {
         .await
         .unwrap();
     for (e, o, c) in [("e1", "o1", "c1"), ("e2", "o2", "c2")] {
-        assert!(is_accepted(
-            &r.ledger
-                .place(&placed(e, o, c, T, &[("p", 0, 1)]))
-                .await
-                .unwrap()
-        ));
+        accept(&r, e, o, c, T, &[("p", 0, 1)]).await;
     }
     // The refund of c1's order names c2.
     let d = r
@@ -314,12 +290,7 @@ async fn a_refund_naming_another_customer_frees_the_deductions_customer() {
         .await
         .unwrap();
     assert_eq!(rejected(&d).1, Reason::UserLimitReached);
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e4", "o4", "c1", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e4", "o4", "c1", T, &[("p", 0, 1)]).await;
     // The redelivered refund repeats its result and changes nothing.
     let before = r.dump().await;
     let d = r
@@ -348,12 +319,7 @@ async fn a_refund_never_credits_a_replaced_or_recreated_promotion() {
     )
     .await
     .unwrap();
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e1", "o1", "c", T, &[("p", 1000, 0)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e1", "o1", "c", T, &[("p", 1000, 0)]).await;
     admin::promo_set(
         &r.ledger,
         &p,
@@ -373,21 +339,11 @@ async fn a_refund_never_credits_a_replaced_or_recreated_promotion() {
         Some("999999999999999")
     );
     // The promotion still works.
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e2", "o2", "c", T, &[("p", 1, 0)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e2", "o2", "c", T, &[("p", 1, 0)]).await;
     audit_clean(&r, "p").await;
 
     // Deleted and re-created: the same.
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e3", "o3", "c", T, &[("p", 10, 0)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e3", "o3", "c", T, &[("p", 10, 0)]).await;
     r.del(&r.keys().promotion(&p)).await;
     admin::promo_set(&r.ledger, &p, spec(Some(50), None, None), false)
         .await
@@ -409,12 +365,7 @@ async fn a_refund_never_lifts_remaining_above_initial() {
     admin::promo_set(&r.ledger, &p, spec(None, Some(5), None), false)
         .await
         .unwrap();
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e1", "o1", "c", T, &[("p", 0, 2)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e1", "o1", "c", T, &[("p", 0, 2)]).await;
     // Someone "fixed" the stock by hand back to its initial amount.
     r.hset(&r.keys().promotion(&p), &[("stock", "5")]).await;
     r.ledger
@@ -424,12 +375,7 @@ async fn a_refund_never_lifts_remaining_above_initial() {
     assert_eq!(r.promo_field("p", "stock").await.as_deref(), Some("5"));
     // And no field ever passes the 15-digit bound without an initial amount.
     r.seed("big", &[("budget", "999999999999990")]).await;
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e2", "o2", "c", T, &[("big", 5, 0)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e2", "o2", "c", T, &[("big", 5, 0)]).await;
     r.hset(
         &r.keys().promotion(&id("big")),
         &[("budget", "999999999999998")],
@@ -465,12 +411,7 @@ async fn a_refund_redelivered_after_refund_ttl_repeats_its_result() {
         .await
         .unwrap();
     for (e, o) in [("e1", "o1"), ("e2", "o2")] {
-        assert!(is_accepted(
-            &r.ledger
-                .place(&placed(e, o, "c", T, &[("p", 100, 0)]))
-                .await
-                .unwrap()
-        ));
+        accept(&r, e, o, "c", T, &[("p", 100, 0)]).await;
     }
     let partial = refunded("r1", "o1", "c", &[("p", Some(40), None)]);
     let full = refunded("r2", "o2", "c", &[("p", None, None)]);
@@ -507,12 +448,7 @@ async fn a_guarded_replace_refuses_while_deductions_are_outstanding() {
     admin::promo_set(&r.ledger, &p, spec(None, Some(5), None), false)
         .await
         .unwrap();
-    assert!(is_accepted(
-        &r.ledger
-            .place(&placed("e1", "o1", "c", T, &[("p", 0, 1)]))
-            .await
-            .unwrap()
-    ));
+    accept(&r, "e1", "o1", "c", T, &[("p", 0, 1)]).await;
     let before = r.dump().await;
     let e = admin::promo_replace_if_settled(&r.ledger, &p, spec(None, Some(9), None))
         .await
