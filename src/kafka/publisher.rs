@@ -165,6 +165,14 @@ impl Publisher {
         let record = FutureRecord::to(&self.outcome_topic)
             .key(o.order_id.as_bytes())
             .payload(o.to_bytes());
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: queued, ack not awaited.
+        if crate::pipeline::mutant("no-ack-wait") {
+            let queued = self.producer.send_result(record).map(drop);
+            return queued.map_err(|(source, _)| PublishError {
+                topic: self.outcome_topic.clone(),
+                source,
+            });
+        }
         self.producer
             .send(record, Timeout::After(self.timeout))
             .await
