@@ -43,7 +43,8 @@ impl Script {
 /// TEST-ONLY (feature `mutants`): put in front of deduct.lua, forgets the
 /// record (KEYS[3]) when it is this event's (ARGV[4]): a redelivery deducts again.
 #[cfg(feature = "mutants")]
-const DOUBLE_DEDUCT: &str = "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
+const DOUBLE_DEDUCT: &str =
+    "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
 
 /// A script of `lua/` with `lua/lib.lua` (the shared helpers) in front:
 /// Redis scripts cannot load one another.
