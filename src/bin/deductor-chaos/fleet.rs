@@ -54,6 +54,8 @@ pub struct Fleet {
     logs: PathBuf,
     slots: Vec<Slot>,
     pub stats: FleetStats,
+    /// DEDUCTOR_MUTANT for every process (a `mutants` build; see `--mutant`).
+    pub mutant: Option<String>,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -72,6 +74,7 @@ impl Fleet {
             logs,
             slots: Vec::new(),
             stats: FleetStats::default(),
+            mutant: None,
         }
     }
 
@@ -93,6 +96,9 @@ impl Fleet {
             if k.starts_with("DEDUCTOR_") {
                 cmd.env_remove(k);
             }
+        }
+        if let Some(m) = &self.mutant {
+            cmd.env("DEDUCTOR_MUTANT", m);
         }
         let child = cmd
             .args(&self.args)
