@@ -357,3 +357,29 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
         took_s: t0.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_has_every_fault_asked_for_within_the_window() {
+        let c = Counts {
+            consumer_kills: 3,
+            redis_stalls: 2,
+            broker_stalls: 4,
+            ..Counts::default()
+        };
+        let window = Duration::from_secs(70);
+        let plan = schedule(&c, window, &mut Rng::new(7));
+        let count = |k: Kind| plan.iter().filter(|(_, kind)| *kind == k).count();
+        assert_eq!(count(Kind::ConsumerKill), 3);
+        assert_eq!(count(Kind::RedisStall), 2);
+        assert_eq!(count(Kind::BrokerStall), 4);
+        assert_eq!(plan.len(), 9);
+        assert!(plan.windows(2).all(|w| w[0].0 <= w[1].0), "sorted");
+        assert!(plan
+            .iter()
+            .all(|(at, _)| *at >= window.mul_f64(0.05) && *at <= window.mul_f64(0.9)));
+    }
+}
