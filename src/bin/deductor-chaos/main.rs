@@ -2,7 +2,8 @@
 //! budgets and per-customer limits, produces a stream of order events, runs
 //! 1 to 3 `deductor run` processes in one consumer group, injects faults at
 //! random moments (consumer SIGKILL, zombies, rebalances, Redis SIGKILL,
-//! broker SIGKILL, network cuts), drains, then checks the topics, the
+//! broker SIGKILL, network cuts, Redis and broker stalls that SIGKILL a
+//! consumer with events in flight), drains, then checks the topics, the
 //! committed offsets and Redis (see `check.rs`) and prints the figures.
 //! Exit status 0 iff every promised zero is zero.
 //!

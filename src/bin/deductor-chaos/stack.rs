@@ -2,6 +2,7 @@
 //! own (AOF, `appendfsync always`), optionally behind a network namespace
 //! whose port can be cut with iptables, and the broker of a separate
 //! `scripts/dev-stack` instance, killed and restarted through that script.
+//! Both can also be frozen (SIGSTOP) and thawed (SIGCONT): a stall.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
