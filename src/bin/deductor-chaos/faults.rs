@@ -158,7 +158,8 @@ async fn pick_running(env: &Env, rng: &mut Rng, act: fn(&mut Fleet, usize)) -> O
 /// next burst arrives and its events start and stay pending on their
 /// scripts. 1.5 to 2.2 s later (three commit intervals of the chaos
 /// consumers at least, so that an offset marked done too early is
-/// committed) a running consumer is SIGKILLed with those events in flight;
+/// committed) the running consumer started longest ago is SIGKILLed with
+/// those events in flight;
 /// Redis is thawed 0.3 to 1 s later (it then runs the dead consumer's
 /// pending scripts) and the consumer restarted 0.2 to 1 s after that.
 async fn redis_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
@@ -166,7 +167,7 @@ async fn redis_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
     redis().pause()?;
     let waited = next_burst(env).await;
     let before = pause(rng, 1_500, 2_200).await;
-    let pick = pick_running(env, rng, Fleet::kill).await;
+    let pick = kill_oldest(env).await;
     let after = pause(rng, 300, 1_000).await;
     redis().resume()?;
     let frozen = waited + before + after;
@@ -187,9 +188,9 @@ async fn redis_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
 /// then the broker is frozen and Redis thawed: the scripts complete and
 /// their outcomes (and the offset commits) wait on the broker. 1.7 to 2.2 s
 /// later, past the consumers' produce timeout (1.5 s), so that the
-/// outcomes queued meanwhile have failed and must be sent again, a running
-/// consumer is SIGKILLed; the broker is thawed 0.3 to 1 s later and the
-/// consumer restarted. The broker is frozen at most 3.2 s, so the group's
+/// outcomes queued meanwhile have failed and must be sent again, the
+/// running consumer started longest ago is SIGKILLed; the broker is
+/// thawed 0.3 to 1 s later and the consumer restarted. The broker is frozen at most 3.2 s, so the group's
 /// sessions (6 s, heartbeats every 1.5 s) survive its frozen clock and the
 /// commits sent meanwhile are accepted after it.
 async fn broker_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
@@ -203,7 +204,7 @@ async fn broker_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
     }
     redis().resume()?;
     let before = pause(rng, 1_700, 2_200).await;
-    let pick = pick_running(env, rng, Fleet::kill).await;
+    let pick = kill_oldest(env).await;
     let after = pause(rng, 300, 1_000).await;
     env.broker.resume()?;
     let frozen = before + after;
@@ -218,6 +219,15 @@ async fn broker_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
         "redis SIGSTOPped for {} ms (next burst after {waited} ms), then broker SIGSTOPped for {frozen} ms; consumer {i} SIGKILLed {before} ms into it, restarted {down} ms after SIGCONT",
         waited + fetched
     ))
+}
+
+/// SIGKILLs the running consumer started longest ago (the stalls: a
+/// consumer with partitions, so with events in flight); `None` when none runs.
+async fn kill_oldest(env: &Env) -> Option<usize> {
+    let mut f = env.fleet.lock().await;
+    let i = f.oldest_running()?;
+    f.kill(i);
+    Some(i)
 }
 
 /// Does one fault; returns what was done.

@@ -29,6 +29,8 @@ struct Slot {
     child: Option<Child>,
     state: State,
     started: u32,
+    /// When the current process was started.
+    since: Option<Instant>,
 }
 
 /// What happened to the processes, for the report.
@@ -85,6 +87,7 @@ impl Fleet {
                 child: None,
                 state: State::Off,
                 started: 0,
+                since: None,
             });
         }
         let slot = &mut self.slots[i];
@@ -112,6 +115,7 @@ impl Fleet {
         all.push_str(&format!("{}\n", child.id()));
         std::fs::write(&pids, all)?;
         slot.child = Some(child);
+        slot.since = Some(Instant::now());
         slot.state = State::Running;
         self.stats.started += 1;
         Ok(())
@@ -126,6 +130,15 @@ impl Fleet {
         (0..self.slots.len())
             .filter(|&i| self.slots[i].state == State::Running)
             .collect()
+    }
+
+    /// The running process started longest ago: the likeliest to own
+    /// partitions (a process restarted a moment ago may still wait for the
+    /// rebalance that gives it some).
+    pub fn oldest_running(&self) -> Option<usize> {
+        self.running()
+            .into_iter()
+            .min_by_key(|&i| self.slots[i].since)
     }
 
     pub fn kill(&mut self, i: usize) {
