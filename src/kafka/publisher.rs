@@ -208,6 +208,14 @@ impl Publisher {
                 trace.span,
                 trace.incoming,
             ));
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: queued, ack not awaited.
+        if crate::pipeline::mutant("no-ack-wait") {
+            let queued = self.producer.send_result(record).map(drop);
+            return queued.map_err(|(source, _)| PublishError {
+                topic: self.outcome_topic.clone(),
+                source,
+            });
+        }
         self.producer
             .send(record, Timeout::After(self.timeout))
             .await

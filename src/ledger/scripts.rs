@@ -26,6 +26,12 @@ pub struct Script {
 
 impl Script {
     fn new(name: &'static str, body: &'static str) -> Script {
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: a redelivery deducts again.
+        let body = if name == "deduct" && crate::pipeline::mutant("double-deduct") {
+            String::leak(format!("{DOUBLE_DEDUCT}{body}"))
+        } else {
+            body
+        };
         Script {
             name,
             body,
@@ -33,6 +39,12 @@ impl Script {
         }
     }
 }
+
+/// TEST-ONLY (feature `mutants`): put in front of deduct.lua, forgets the
+/// record (KEYS[3]) when it is this event's (ARGV[4]): a redelivery deducts again.
+#[cfg(feature = "mutants")]
+const DOUBLE_DEDUCT: &str =
+    "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
 
 /// A script of `lua/` with `lua/lib.lua` (the shared helpers) in front:
 /// Redis scripts cannot load one another.

@@ -29,6 +29,11 @@ pub enum Kind {
     RedisCut,
     /// The broker's port cut on the loopback.
     BrokerCut,
+    /// SIGSTOP Redis, SIGKILL a consumer while its scripts are pending, SIGCONT.
+    RedisStall,
+    /// SIGSTOP the broker, SIGKILL a consumer while its outcomes and commits
+    /// are unacknowledged, SIGCONT.
+    BrokerStall,
 }
 
 /// How many of each kind.
@@ -41,6 +46,8 @@ pub struct Counts {
     pub broker_kills: usize,
     pub redis_cuts: usize,
     pub broker_cuts: usize,
+    pub redis_stalls: usize,
+    pub broker_stalls: usize,
 }
 
 /// Random moments in [5%, 90%] of `window`, sorted.
@@ -54,6 +61,8 @@ pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, K
         (c.broker_kills, Kind::BrokerKill),
         (c.redis_cuts, Kind::RedisCut),
         (c.broker_cuts, Kind::BrokerCut),
+        (c.redis_stalls, Kind::RedisStall),
+        (c.broker_stalls, Kind::BrokerStall),
     ] {
         for _ in 0..n {
             let f = 0.05 + 0.85 * (rng.range(0, 1_000_000) as f64 / 1_000_000.0);
@@ -88,16 +97,24 @@ pub struct Env {
 /// lands while the consumers have events in flight (no wait once the
 /// production is over).
 async fn busy_moment(env: &Env, rng: &mut Rng) {
+    next_burst(env).await;
+    pause(rng, 20, 300).await;
+}
+
+/// Waits until the next burst of events starts (at most two burst periods;
+/// no wait once the production is over); returns the milliseconds waited.
+async fn next_burst(env: &Env) -> u64 {
     use std::sync::atomic::Ordering::Relaxed;
+    let started = Instant::now();
     let seen = env.production.bursts.load(Relaxed);
-    let deadline = Instant::now() + env.burst_period * 2;
+    let deadline = started + env.burst_period * 2;
     while env.production.bursts.load(Relaxed) == seen
         && !env.production.done.load(Relaxed)
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    pause(rng, 20, 300).await;
+    started.elapsed().as_millis() as u64
 }
 
 async fn pause(rng: &mut Rng, lo_ms: u64, hi_ms: u64) -> u64 {
@@ -135,9 +152,90 @@ async fn pick_running(env: &Env, rng: &mut Rng, act: fn(&mut Fleet, usize)) -> O
     Some(i)
 }
 
+/// A Redis stall. A consumer handles a burst in milliseconds, so a fault
+/// timed by the bursts mostly finds nothing in flight; here Redis is frozen
+/// first (SIGSTOP: connections stay open, nothing is answered), then the
+/// next burst arrives and its events start and stay pending on their
+/// scripts. 1.5 to 2.2 s later (three commit intervals of the chaos
+/// consumers at least, so that an offset marked done too early is
+/// committed) the running consumer started longest ago is SIGKILLed with
+/// those events in flight;
+/// Redis is thawed 0.3 to 1 s later (it then runs the dead consumer's
+/// pending scripts) and the consumer restarted 0.2 to 1 s after that.
+async fn redis_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
+    let redis = || env.redis.lock().expect("redis lock");
+    redis().pause()?;
+    let waited = next_burst(env).await;
+    let before = pause(rng, 1_500, 2_200).await;
+    let pick = kill_oldest(env).await;
+    let after = pause(rng, 300, 1_000).await;
+    redis().resume()?;
+    let frozen = waited + before + after;
+    let Some(i) = pick else {
+        return Ok(format!(
+            "redis SIGSTOPped for {frozen} ms; no running consumer to kill"
+        ));
+    };
+    let down = pause(rng, 200, 1_000).await;
+    env.fleet.lock().await.spawn(i)?;
+    Ok(format!(
+        "redis SIGSTOPped for {frozen} ms (next burst after {waited} ms); consumer {i} SIGKILLed {before} ms after the burst, restarted {down} ms after SIGCONT"
+    ))
+}
+
+/// A broker stall with outcomes in flight. Redis is frozen until the next
+/// burst's events are pending on it (0.3 to 0.6 s after the burst starts),
+/// then the broker is frozen and Redis thawed: the scripts complete and
+/// their outcomes (and the offset commits) wait on the broker. 1.7 to 2.2 s
+/// later, past the consumers' produce timeout (1.5 s), so that the
+/// outcomes queued meanwhile have failed and must be sent again, the
+/// running consumer started longest ago is SIGKILLed; the broker is
+/// thawed 0.3 to 1 s later and the consumer restarted. The broker is frozen at most 3.2 s, so the group's
+/// sessions (6 s, heartbeats every 1.5 s) survive its frozen clock and the
+/// commits sent meanwhile are accepted after it.
+async fn broker_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
+    let redis = || env.redis.lock().expect("redis lock");
+    redis().pause()?;
+    let waited = next_burst(env).await;
+    let fetched = pause(rng, 300, 600).await;
+    if let Err(e) = env.broker.pause() {
+        let _ = redis().resume();
+        return Err(e);
+    }
+    redis().resume()?;
+    let before = pause(rng, 1_700, 2_200).await;
+    let pick = kill_oldest(env).await;
+    let after = pause(rng, 300, 1_000).await;
+    env.broker.resume()?;
+    let frozen = before + after;
+    let Some(i) = pick else {
+        return Ok(format!(
+            "broker SIGSTOPped for {frozen} ms; no running consumer to kill"
+        ));
+    };
+    let down = pause(rng, 200, 1_000).await;
+    env.fleet.lock().await.spawn(i)?;
+    Ok(format!(
+        "redis SIGSTOPped for {} ms (next burst after {waited} ms), then broker SIGSTOPped for {frozen} ms; consumer {i} SIGKILLed {before} ms into it, restarted {down} ms after SIGCONT",
+        waited + fetched
+    ))
+}
+
+/// SIGKILLs the running consumer started longest ago (the stalls: a
+/// consumer with partitions, so with events in flight); `None` when none runs.
+async fn kill_oldest(env: &Env) -> Option<usize> {
+    let mut f = env.fleet.lock().await;
+    let i = f.oldest_running()?;
+    f.kill(i);
+    Some(i)
+}
+
 /// Does one fault; returns what was done.
 pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::Result<Done> {
-    busy_moment(env, rng).await;
+    // The stalls time themselves on the next burst.
+    if !matches!(kind, Kind::RedisStall | Kind::BrokerStall) {
+        busy_moment(env, rng).await;
+    }
     let at = env.started.elapsed();
     let t0 = Instant::now();
     let detail = match kind {
@@ -250,6 +348,8 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
                 ns.name
             )
         }
+        Kind::RedisStall => redis_stall(env, rng).await?,
+        Kind::BrokerStall => broker_stall(env, rng).await?,
         Kind::BrokerCut => {
             env.broker.cut()?;
             let held = pause(rng, 3_000, 8_000).await;
@@ -266,4 +366,30 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
         detail,
         took_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_has_every_fault_asked_for_within_the_window() {
+        let c = Counts {
+            consumer_kills: 3,
+            redis_stalls: 2,
+            broker_stalls: 4,
+            ..Counts::default()
+        };
+        let window = Duration::from_secs(70);
+        let plan = schedule(&c, window, &mut Rng::new(7));
+        let count = |k: Kind| plan.iter().filter(|(_, kind)| *kind == k).count();
+        assert_eq!(count(Kind::ConsumerKill), 3);
+        assert_eq!(count(Kind::RedisStall), 2);
+        assert_eq!(count(Kind::BrokerStall), 4);
+        assert_eq!(plan.len(), 9);
+        assert!(plan.windows(2).all(|w| w[0].0 <= w[1].0), "sorted");
+        assert!(plan
+            .iter()
+            .all(|(at, _)| *at >= window.mul_f64(0.05) && *at <= window.mul_f64(0.9)));
+    }
 }

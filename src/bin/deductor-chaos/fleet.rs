@@ -29,6 +29,8 @@ struct Slot {
     child: Option<Child>,
     state: State,
     started: u32,
+    /// When the current process was started.
+    since: Option<Instant>,
 }
 
 /// What happened to the processes, for the report.
@@ -54,6 +56,8 @@ pub struct Fleet {
     logs: PathBuf,
     slots: Vec<Slot>,
     pub stats: FleetStats,
+    /// DEDUCTOR_MUTANT for every process (a `mutants` build; see `--mutant`).
+    pub mutant: Option<String>,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -72,6 +76,7 @@ impl Fleet {
             logs,
             slots: Vec::new(),
             stats: FleetStats::default(),
+            mutant: None,
         }
     }
 
@@ -82,6 +87,7 @@ impl Fleet {
                 child: None,
                 state: State::Off,
                 started: 0,
+                since: None,
             });
         }
         let slot = &mut self.slots[i];
@@ -93,6 +99,9 @@ impl Fleet {
             if k.starts_with("DEDUCTOR_") {
                 cmd.env_remove(k);
             }
+        }
+        if let Some(m) = &self.mutant {
+            cmd.env("DEDUCTOR_MUTANT", m);
         }
         let child = cmd
             .args(&self.args)
@@ -106,6 +115,7 @@ impl Fleet {
         all.push_str(&format!("{}\n", child.id()));
         std::fs::write(&pids, all)?;
         slot.child = Some(child);
+        slot.since = Some(Instant::now());
         slot.state = State::Running;
         self.stats.started += 1;
         Ok(())
@@ -120,6 +130,15 @@ impl Fleet {
         (0..self.slots.len())
             .filter(|&i| self.slots[i].state == State::Running)
             .collect()
+    }
+
+    /// The running process started longest ago: the likeliest to own
+    /// partitions (a process restarted a moment ago may still wait for the
+    /// rebalance that gives it some).
+    pub fn oldest_running(&self) -> Option<usize> {
+        self.running()
+            .into_iter()
+            .min_by_key(|&i| self.slots[i].since)
     }
 
     pub fn kill(&mut self, i: usize) {

@@ -2,7 +2,8 @@
 //! budgets and per-customer limits, produces a stream of order events, runs
 //! 1 to 3 `deductor run` processes in one consumer group, injects faults at
 //! random moments (consumer SIGKILL, zombies, rebalances, Redis SIGKILL,
-//! broker SIGKILL, network cuts), drains, then checks the topics, the
+//! broker SIGKILL, network cuts, Redis and broker stalls that SIGKILL a
+//! consumer with events in flight), drains, then checks the topics, the
 //! committed offsets and Redis (see `check.rs`) and prints the figures.
 //! Exit status 0 iff every promised zero is zero.
 //!
@@ -93,6 +94,17 @@ struct RunArgs {
     /// Network cuts of the broker's port (host iptables on lo).
     #[arg(long, default_value_t = 0)]
     broker_cuts: usize,
+    /// Redis frozen (SIGSTOP) while a consumer is SIGKILLed, then SIGCONT.
+    #[arg(long, default_value_t = 0)]
+    redis_stalls: usize,
+    /// The broker frozen (SIGSTOP) while a consumer is SIGKILLed, then SIGCONT.
+    #[arg(long, default_value_t = 0)]
+    broker_stalls: usize,
+    /// Run a deliberately broken service (a build with the test-only cargo
+    /// feature `mutants`): the consumers get DEDUCTOR_MUTANT=<name>
+    /// (commit-early, no-ack-wait, double-deduct). The run must then fail.
+    #[arg(long)]
+    mutant: Option<String>,
     /// Seed of the workload and the schedule (default: the clock).
     #[arg(long)]
     seed: Option<u64>,
@@ -114,12 +126,24 @@ struct RunArgs {
     /// scripts/dev-stack (kill-kafka / start-kafka; its env names the instance).
     #[arg(long, default_value = "scripts/dev-stack")]
     stack_cmd: PathBuf,
+    /// The dev-stack instance's state dir (for the broker's pidfile).
+    #[arg(
+        long,
+        env = "DEDUCTOR_STACK_DIR",
+        default_value = "/tmp/deductor-chaos-stack"
+    )]
+    stack_dir: PathBuf,
     /// The repository (for config/dev-stack/redis-common.conf).
     #[arg(long, default_value = ".")]
     repo: PathBuf,
     /// The consumers' session.timeout.ms; a zombie sleeps longer than this.
     #[arg(long, default_value_t = 6_000)]
     session_timeout_ms: u64,
+    /// The consumers' kafka.produce_timeout_ms (librdkafka's
+    /// message.timeout.ms). Below the broker stalls, so an outcome queued
+    /// during one fails and must be sent again (the service retries).
+    #[arg(long, default_value_t = 1_500)]
+    produce_timeout_ms: u64,
     /// Most seconds to wait for the drain after the last fault.
     #[arg(long, default_value_t = 600)]
     drain_timeout: u64,
@@ -339,15 +363,14 @@ async fn run_with_redis(
             "--set=kafka.consumer.heartbeat.interval.ms={}",
             (a.session_timeout_ms / 4).max(500)
         ),
+        format!("--set=kafka.produce_timeout_ms={}", a.produce_timeout_ms),
         "--set=pipeline.commit_interval_ms=500".to_owned(),
         "--set=pipeline.drain_timeout_secs=15".to_owned(),
     ]
     .into();
-    let fleet = Arc::new(tokio::sync::Mutex::new(Fleet::new(
-        a.deductor.clone(),
-        consumer_args,
-        dir.to_owned(),
-    )));
+    let mut fleet = Fleet::new(a.deductor.clone(), consumer_args, dir.to_owned());
+    fleet.mutant = a.mutant.clone();
+    let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
     {
         let mut f = fleet.lock().await;
         for i in 0..a.consumers as usize {
@@ -418,6 +441,8 @@ async fn drive(
         broker_kills: a.broker_kills,
         redis_cuts: a.redis_cuts,
         broker_cuts: a.broker_cuts,
+        redis_stalls: a.redis_stalls,
+        broker_stalls: a.broker_stalls,
     };
     let plan = faults::schedule(&counts, window, rng);
     let env = Env {
@@ -426,6 +451,7 @@ async fn drive(
         broker: Broker {
             stack_cmd: a.stack_cmd.clone(),
             port: kafka_port,
+            stack_dir: a.stack_dir.clone(),
         },
         session_timeout: Duration::from_millis(a.session_timeout_ms),
         started,
@@ -450,7 +476,9 @@ async fn drive(
                 // Put things back as well as possible, then stop: a fault
                 // that cannot be undone invalidates the run.
                 let _ = redis.lock().map(|r| r.netns().map(|n| n.heal()));
+                let _ = redis.lock().map(|r| r.resume());
                 let _ = env.broker.heal();
+                let _ = env.broker.resume();
                 bail!("fault {kind:?} failed: {e:#}");
             }
         }
@@ -542,6 +570,14 @@ async fn drive(
         (faults::Kind::BrokerKill, "broker SIGKILLs"),
         (faults::Kind::RedisCut, "redis network cuts"),
         (faults::Kind::BrokerCut, "broker network cuts"),
+        (
+            faults::Kind::RedisStall,
+            "redis stalls (SIGSTOP + consumer SIGKILL)",
+        ),
+        (
+            faults::Kind::BrokerStall,
+            "broker stalls (SIGSTOP + consumer SIGKILL)",
+        ),
     ] {
         let n = done.iter().filter(|d| d.kind == kind).count();
         figures.rows.push((label.into(), n as i64, false));
@@ -574,6 +610,15 @@ async fn drive(
     )?;
     let table = check::print(&figures);
     std::fs::write(dir.join("report.txt"), &table)?;
+    // The broken promises, one "figure<TAB>value" a line (scripts/chaos
+    // --mutants reads which figures caught a mutant).
+    let failed_lines: String = figures
+        .rows
+        .iter()
+        .filter(|(_, v, must_be_zero)| *must_be_zero && *v != 0)
+        .map(|(n, v, _)| format!("{n}\t{v}\n"))
+        .collect();
+    std::fs::write(dir.join("failed.txt"), failed_lines)?;
     println!(
         "seed {seed}, run dir {}, {:.0} s\n",
         dir.display(),

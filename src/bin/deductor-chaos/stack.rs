@@ -2,6 +2,7 @@
 //! own (AOF, `appendfsync always`), optionally behind a network namespace
 //! whose port can be cut with iptables, and the broker of a separate
 //! `scripts/dev-stack` instance, killed and restarted through that script.
+//! Both can also be frozen (SIGSTOP) and thawed (SIGCONT): a stall.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -226,6 +227,23 @@ impl Redis {
         matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
     }
 
+    /// SIGSTOP: the server keeps its connections but answers nothing, so
+    /// every script sent meanwhile stays pending (a stall, not an outage).
+    pub fn pause(&self) -> anyhow::Result<()> {
+        match &self.child {
+            Some(c) => signal(c.id(), "STOP"),
+            None => bail!("redis is not running"),
+        }
+    }
+
+    /// SIGCONT after [`Redis::pause`]: the pending scripts run.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        match &self.child {
+            Some(c) => signal(c.id(), "CONT"),
+            None => Ok(()),
+        }
+    }
+
     /// SIGKILL: no shutdown, no final fsync beyond what `always` did.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -242,13 +260,47 @@ impl Redis {
     }
 }
 
+/// Sends `sig` (a name: STOP, CONT, ...) to `pid`.
+pub fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
+    sh("kill", &[&format!("-{sig}"), &pid.to_string()])
+}
+
 /// The broker of the separate dev-stack instance (its env is inherited).
 pub struct Broker {
     pub stack_cmd: PathBuf,
     pub port: u16,
+    /// The dev-stack instance's state dir (its `kafka/kafka.pid`).
+    pub stack_dir: PathBuf,
 }
 
 impl Broker {
+    /// The broker's pid, from dev-stack's pidfile, checked against its
+    /// command line so that a recycled pid is never signalled.
+    fn pid(&self) -> anyhow::Result<u32> {
+        let file = self.stack_dir.join("kafka/kafka.pid");
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let pid: u32 = text
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid", file.display()))?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("kafka.Kafka") {
+            bail!("pid {pid} of {} is not the broker", file.display());
+        }
+        Ok(pid)
+    }
+
+    /// SIGSTOP: connections stay open, nothing is acknowledged (produces,
+    /// commits, heartbeats all wait).
+    pub fn pause(&self) -> anyhow::Result<()> {
+        signal(self.pid()?, "STOP")
+    }
+
+    pub fn resume(&self) -> anyhow::Result<()> {
+        signal(self.pid()?, "CONT")
+    }
+
     pub fn kill(&self) -> anyhow::Result<()> {
         sh(&self.stack_cmd.to_string_lossy(), &["kill-kafka"])
     }
