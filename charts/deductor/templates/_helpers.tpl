@@ -227,3 +227,47 @@ integers; librdkafka properties are always strings.
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/* The pod's volumes: config, /tmp, extras (the workload and the test pod). */}}
+{{- define "deductor.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "deductor.fullname" . }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 16Mi
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The container's volume mounts, matching deductor.volumes. */}}
+{{- define "deductor.volumeMounts" -}}
+- name: config
+  mountPath: /etc/deductor
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The peers of one NetworkPolicy rule (key "from" or "to"): its cidrs as
+ipBlocks, then its peers. Nothing when both are empty: the rule then admits
+any address on its ports.
+*/}}
+{{- define "deductor.networkPeers" -}}
+{{- $peers := list }}
+{{- range .rule.cidrs }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" .)) }}
+{{- end }}
+{{- range .rule.peers }}
+{{- $peers = append $peers . }}
+{{- end }}
+{{- if $peers }}
+{{ .key }}:
+{{- toYaml $peers | nindent 2 }}
+{{- end }}
+{{- end }}
