@@ -49,6 +49,9 @@ pub struct KafkaSettings {
     pub produce_timeout_ms: u64,
     /// Input record headers copied onto outcomes (e.g. `x-correlation-id`).
     pub propagate_headers: Vec<String>,
+    /// A file holding the SASL password of both clients (a mounted
+    /// Secret), read at load into their `sasl.password`.
+    pub sasl_password_file: String,
     /// librdkafka properties for the consumer (SASL, TLS, tuning).
     pub consumer: BTreeMap<String, String>,
     /// librdkafka properties for the producer.
@@ -61,6 +64,8 @@ pub struct RedisSettings {
     pub url: String,
     pub username: String,
     pub password: String,
+    /// A file holding `password` (a mounted Secret), read at load.
+    pub password_file: String,
     /// PEM CA certificates trusted for `rediss://`, besides the system's.
     pub tls_ca_file: String,
     /// `rediss://` without certificate or name checks (throwaway tests only).
@@ -168,6 +173,7 @@ impl fmt::Debug for KafkaSettings {
             .field("dlq_topic", &self.dlq_topic)
             .field("group_instance_id", &self.group_instance_id)
             .field("produce_timeout_ms", &self.produce_timeout_ms)
+            .field("sasl_password_file", &self.sasl_password_file)
             .field("consumer", &redacted(&self.consumer))
             .field("producer", &redacted(&self.producer))
             .finish()
@@ -183,6 +189,7 @@ impl fmt::Debug for RedisSettings {
                 "password",
                 &if self.password.is_empty() { "" } else { "***" },
             )
+            .field("password_file", &self.password_file)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_insecure_skip_verify", &self.tls_insecure_skip_verify)
             .field("pool_size", &self.pool_size)
@@ -252,9 +259,49 @@ impl Settings {
         for (key, value) in overrides {
             fig = fig.merge(override_provider(key, value)?);
         }
-        let settings: Settings = fig.extract().map_err(|e| ConfigError::Load(one_line(&e)))?;
+        let mut settings: Settings = fig.extract().map_err(|e| ConfigError::Load(one_line(&e)))?;
+        settings.read_secret_files()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Reads the `*_file` settings into the secrets they stand for:
+    /// `redis.password_file` -> `redis.password`, `kafka.sasl_password_file`
+    /// -> `sasl.password` of the consumer and the producer. A secret mounted
+    /// as a file stays out of the environment (and of `ps e`, crash dumps and
+    /// `kubectl describe`). Each is exclusive with the inline value: with
+    /// both set, which one wins would be a guess. Read once, at load: a
+    /// rotated file takes effect at the next start.
+    fn read_secret_files(&mut self) -> Result<(), ConfigError> {
+        if !self.redis.password_file.is_empty() {
+            if !self.redis.password.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "redis.password_file",
+                    problem: "is set together with redis.password".into(),
+                    fix: "set only one of them: the file for a mounted secret, the value otherwise",
+                });
+            }
+            self.redis.password = read_secret("redis.password_file", &self.redis.password_file)?;
+        }
+        let k = &mut self.kafka;
+        if !k.sasl_password_file.is_empty() {
+            for (client, props) in [("consumer", &k.consumer), ("producer", &k.producer)] {
+                if props.contains_key("sasl.password") {
+                    return Err(ConfigError::Invalid {
+                        key: "kafka.sasl_password_file",
+                        problem: format!(
+                            "is set together with kafka.{client}.\"sasl.password\""
+                        ),
+                        fix: "set only one of them: the file for a mounted secret, the property otherwise",
+                    });
+                }
+            }
+            let password = read_secret("kafka.sasl_password_file", &k.sasl_password_file)?;
+            for props in [&mut k.consumer, &mut k.producer] {
+                props.insert("sasl.password".into(), password.clone());
+            }
+        }
+        Ok(())
     }
 
     /// Checks what the types cannot; names the key and the fix.
@@ -622,6 +669,25 @@ fn typed(section: &str, key: &str, v: &str) -> serde_json::Value {
     typed.unwrap_or_else(|| v.into())
 }
 
+/// The secret held by the file `path` (setting `key`), without the line
+/// break an editor or `echo` leaves at its end. A missing, unreadable, empty
+/// or non-UTF-8 file is an error naming the key: starting without the
+/// secret would fail later, at the first connection, far from the cause.
+fn read_secret(key: &'static str, path: &str) -> Result<String, ConfigError> {
+    let fix = "point it at a readable file that holds only the secret, or leave it empty";
+    let bad = |problem: String| ConfigError::Invalid { key, problem, fix };
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|_| bad(format!("{path} is not UTF-8 text")))?;
+    let secret = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(&text);
+    if secret.is_empty() {
+        return Err(bad(format!("{path} is empty")));
+    }
+    Ok(secret.to_owned())
+}
+
 fn one_line(e: &figment::Error) -> String {
     let mut msgs = Vec::new();
     for err in e.clone() {
@@ -899,6 +965,116 @@ mod tests {
             assert!(e.contains(named), "{overrides:?}: {e}");
         }
         let _ = std::fs::remove_file(&ca);
+    }
+
+    #[test]
+    fn secrets_are_read_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, content: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, content).unwrap();
+            path.display().to_string()
+        };
+        let redis = file("redis", b"111111\n");
+        let kafka = file("kafka", b" k pass \r\n");
+        let s = load(
+            &[("DEDUCTOR_REDIS_PASSWORD_FILE", redis.as_str())],
+            &[("kafka.sasl_password_file", kafka.as_str())],
+        )
+        .unwrap();
+        // One trailing line break dropped, everything else kept, as text.
+        assert_eq!(s.redis.password, "111111");
+        assert_eq!(s.redis.password_file, redis);
+        for client in [&s.kafka.consumer, &s.kafka.producer] {
+            assert_eq!(
+                client.get("sasl.password").map(String::as_str),
+                Some(" k pass ")
+            );
+        }
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("111111") && !shown.contains("k pass"),
+            "{shown}"
+        );
+        assert!(shown.contains(&redis), "the path stays visible: {shown}");
+    }
+
+    #[test]
+    fn secret_files_name_their_key_when_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, content: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, content).unwrap();
+            path.display().to_string()
+        };
+        let good = file("good", b"pw");
+        let empty = file("empty", b"\n");
+        let binary = file("binary", b"\xff\xfe");
+        let missing = dir.path().join("missing").display().to_string();
+        // (overrides, the key the error names, a detail it gives)
+        type Case<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a str);
+        let cases: Vec<Case> = vec![
+            (
+                vec![("redis.password_file", &good), ("redis.password", "inline")],
+                "redis.password_file",
+                "redis.password",
+            ),
+            (
+                vec![
+                    ("kafka.sasl_password_file", &good),
+                    ("kafka.producer.sasl.password", "inline"),
+                ],
+                "kafka.sasl_password_file",
+                "kafka.producer",
+            ),
+            (
+                vec![("redis.password_file", &missing)],
+                "redis.password_file",
+                &missing,
+            ),
+            (
+                vec![("kafka.sasl_password_file", &missing)],
+                "kafka.sasl_password_file",
+                &missing,
+            ),
+            (
+                vec![("redis.password_file", &empty)],
+                "redis.password_file",
+                "is empty",
+            ),
+            (
+                vec![("redis.password_file", &binary)],
+                "redis.password_file",
+                "not UTF-8",
+            ),
+            (
+                vec![("kafka.sasl_password_file", dir.path().to_str().unwrap())],
+                "kafka.sasl_password_file",
+                "cannot read",
+            ),
+        ];
+        for (overrides, key, detail) in cases {
+            let e = load(&[], &overrides).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("config key {key}:")) && e.contains(detail),
+                "{overrides:?}: {e}"
+            );
+            assert!(!e.contains("inline"), "a secret is never shown: {e}");
+        }
+        // The consumer's inline password conflicts too, from the environment.
+        let e = load(
+            &[
+                ("DEDUCTOR_KAFKA_SASL_PASSWORD_FILE", good.as_str()),
+                ("DEDUCTOR_KAFKA_CONSUMER_SASL_PASSWORD", "inline"),
+            ],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("kafka.sasl_password_file") && e.contains("kafka.consumer"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! Exponential backoff around retryable errors, stopping on shutdown.
 //!
-//! The only user of the `backoff` crate (flagged unmaintained,
-//! RUSTSEC-2025-0012): swap the schedule here and nowhere else.
+//! The only user of a backoff crate: `backon` (its exponential schedule)
+//! replaced `backoff`, which is unmaintained (RUSTSEC-2025-0012) and pulled
+//! in the unmaintained `instant` (RUSTSEC-2024-0384). Swap the schedule
+//! here and nowhere else.
 
 use std::future::Future;
 use std::time::Duration;
 
-use backoff::backoff::Backoff;
+use backon::BackoffBuilder;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetrySettings;
@@ -31,18 +33,29 @@ impl From<&RetrySettings> for RetryPolicy {
     }
 }
 
+/// Each delay is the schedule's value times a random factor in
+/// [1 - JITTER, 1 + JITTER], so that pods retrying after one outage do not
+/// hit Redis or Kafka in step. (backon's own jitter only adds, up to twice
+/// the delay: the spread the service always had is kept instead.)
+const JITTER: f64 = 0.2;
+
 impl RetryPolicy {
-    fn schedule(&self) -> backoff::ExponentialBackoff {
-        backoff::ExponentialBackoff {
-            current_interval: self.initial,
-            initial_interval: self.initial,
-            randomization_factor: 0.2,
-            multiplier: self.multiplier,
-            max_interval: self.max,
-            max_elapsed_time: None,
-            ..backoff::ExponentialBackoff::default()
-        }
+    /// The delays before each retry, without jitter: `initial`, then times
+    /// `multiplier`, capped at `max`, never ending (a Redis or Kafka outage
+    /// is waited out; shutdown ends it).
+    fn schedule(&self) -> impl Iterator<Item = Duration> {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.initial)
+            .with_max_delay(self.max)
+            .with_factor(self.multiplier as f32)
+            .without_max_times()
+            .build()
     }
+}
+
+/// `delay` scaled by a random factor in [1 - JITTER, 1 + JITTER].
+fn jittered(delay: Duration) -> Duration {
+    delay.mul_f64(1.0 - JITTER + 2.0 * JITTER * fastrand::f64())
 }
 
 /// Why [`retry`] returned without a success.
@@ -86,8 +99,8 @@ where
         if classify(&err) != Disposition::Retry {
             return Err(RetryError::Permanent(err));
         }
-        // max_elapsed_time is None, so the schedule never ends.
-        let delay = schedule.next_backoff().unwrap_or(policy.max);
+        // Without max_times the schedule never ends.
+        let delay = jittered(schedule.next().unwrap_or(policy.max));
         on_retry(&err, delay);
         tokio::select! {
             _ = stop.cancelled() => return Err(RetryError::Cancelled(err)),
@@ -159,6 +172,36 @@ mod tests {
         assert!(
             started.elapsed() >= slept && started.elapsed() < slept + Duration::from_millis(20)
         );
+    }
+
+    #[test]
+    fn schedule_grows_by_the_multiplier_to_the_cap_and_never_ends() {
+        let ms: Vec<u128> = policy()
+            .schedule()
+            .take(1000)
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(ms[..7], [100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(ms.len(), 1000, "the schedule never ends by itself");
+        assert!(ms.iter().all(|&m| m <= 2000), "capped");
+    }
+
+    #[test]
+    fn jitter_spreads_within_a_fifth() {
+        let d = Duration::from_millis(1000);
+        let samples: Vec<Duration> = (0..2000).map(|_| jittered(d)).collect();
+        assert!(samples
+            .iter()
+            .all(|s| *s >= Duration::from_millis(800) && *s <= Duration::from_millis(1200)));
+        let low = samples
+            .iter()
+            .filter(|s| **s < Duration::from_millis(900))
+            .count();
+        let high = samples
+            .iter()
+            .filter(|s| **s > Duration::from_millis(1100))
+            .count();
+        assert!(low > 100 && high > 100, "spread: {low} low, {high} high");
     }
 
     #[tokio::test(start_paused = true)]

@@ -135,6 +135,7 @@ fn check_outcomes(
             .get(&(at.partition, at.offset))
             .unwrap_or_else(|| panic!("no outcome for {event} at {at:?}"));
         let mut got = r.json();
+        common::contract::assert_outcome(&got);
         assert_processed_at(&got);
         assert_eq!(
             got["source"],
@@ -551,6 +552,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
         );
         assert_eq!(r.payload, c.payload, "{}: bytes unchanged", c.name);
         let h = &r.headers;
+        common::contract::assert_dead_letter_headers(h);
         let header = |k: &str| {
             h.get(k)
                 .cloned()
@@ -587,6 +589,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
     let mut by_src: BTreeMap<i64, Value> = BTreeMap::new();
     for r in &outcomes {
         let v = r.json();
+        common::contract::assert_outcome(&v);
         assert_eq!(v["source"]["partition"], json!(0));
         assert_eq!(v["source"]["topic"], json!(f.topics.input));
         by_src.insert(v["source"]["offset"].as_i64().unwrap(), v);
@@ -743,6 +746,7 @@ async fn graceful_shutdown_commits_what_was_done_and_reprocesses_nothing() {
 
     let mut count: BTreeMap<String, usize> = BTreeMap::new();
     for r in &all {
+        common::contract::assert_outcome(&r.json());
         *count
             .entry(r.json()["event_id"].as_str().unwrap().to_owned())
             .or_default() += 1;

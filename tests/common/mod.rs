@@ -2,6 +2,7 @@
 //! env vars with loopback defaults (see `scripts/dev-stack env`).
 #![allow(dead_code)]
 
+pub mod contract;
 pub mod kafka;
 pub mod redis;
 pub mod service;

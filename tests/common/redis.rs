@@ -38,6 +38,7 @@ pub fn settings(url: &str, prefix: &str) -> RedisSettings {
         url: url.to_owned(),
         username: String::new(),
         password: String::new(),
+        password_file: String::new(),
         tls_ca_file: String::new(),
         tls_insecure_skip_verify: false,
         pool_size: 2,

@@ -204,26 +204,121 @@ integers; librdkafka properties are always strings.
 {{- $secret := include "deductor.secretName" . }}
 {{- if $secret }}
 {{- $existing := .Values.secret.existingSecret }}
-{{- if or $existing .Values.secret.redisPassword }}
+{{- $keys := include "deductor.secretKeys" . | fromYaml }}
+{{- if .Values.secret.mountAsFiles }}
+{{- with $keys.redisPassword }}
+- name: DEDUCTOR_REDIS_PASSWORD_FILE
+  value: {{ printf "%s/%s" (include "deductor.secretDir" $) . }}
+{{- end }}
+{{- with $keys.kafkaSaslPassword }}
+- name: DEDUCTOR_KAFKA_SASL_PASSWORD_FILE
+  value: {{ printf "%s/%s" (include "deductor.secretDir" $) . }}
+{{- end }}
+{{- else }}
+{{- with $keys.redisPassword }}
 - name: DEDUCTOR_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $secret }}
-      key: {{ .Values.secret.keys.redisPassword }}
+      key: {{ . }}
       optional: {{ ternary "true" "false" (not (empty $existing)) }}
 {{- end }}
-{{- if or $existing .Values.secret.kafkaSaslPassword }}
+{{- with $keys.kafkaSaslPassword }}
+{{- $key := . }}
 {{- range $client := list "CONSUMER" "PRODUCER" }}
 - name: DEDUCTOR_KAFKA_{{ $client }}_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $secret }}
-      key: {{ $.Values.secret.keys.kafkaSaslPassword }}
+      key: {{ $key }}
       optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret's keys the pods use, as YAML (redisPassword, kafkaSaslPassword:
+the key names): every key of an existing Secret whose name is not empty, or
+the keys of the chart's Secret that have a value.
+*/}}
+{{- define "deductor.secretKeys" -}}
+{{- $s := .Values.secret }}
+{{- if and (or $s.existingSecret $s.redisPassword) $s.keys.redisPassword }}
+redisPassword: {{ $s.keys.redisPassword | quote }}
+{{- end }}
+{{- if and (or $s.existingSecret $s.kafkaSaslPassword) $s.keys.kafkaSaslPassword }}
+kafkaSaslPassword: {{ $s.keys.kafkaSaslPassword | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Where secret.mountAsFiles mounts the Secret. */}}
+{{- define "deductor.secretDir" -}}
+/etc/deductor-secrets
+{{- end }}
+
+{{/* The pod's volumes: config, /tmp, secrets as files, extras (the workload and the test pod). */}}
+{{- define "deductor.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "deductor.fullname" . }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 16Mi
+{{- $secret := include "deductor.secretName" . }}
+{{- $keys := include "deductor.secretKeys" . | fromYaml }}
+{{- if and .Values.secret.mountAsFiles $secret $keys }}
+- name: secrets
+  secret:
+    secretName: {{ $secret }}
+    defaultMode: 0440
+    items:
+      {{- range $k := values $keys | sortAlpha }}
+      - key: {{ $k }}
+        path: {{ $k }}
+      {{- end }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The container's volume mounts, matching deductor.volumes. */}}
+{{- define "deductor.volumeMounts" -}}
+- name: config
+  mountPath: /etc/deductor
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if and .Values.secret.mountAsFiles (include "deductor.secretName" .) (include "deductor.secretKeys" . | fromYaml) }}
+- name: secrets
+  mountPath: {{ include "deductor.secretDir" . }}
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The peers of one NetworkPolicy rule (key "from" or "to"): its cidrs as
+ipBlocks, then its peers. Nothing when both are empty: the rule then admits
+any address on its ports.
+*/}}
+{{- define "deductor.networkPeers" -}}
+{{- $peers := list }}
+{{- range .rule.cidrs }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" .)) }}
+{{- end }}
+{{- range .rule.peers }}
+{{- $peers = append $peers . }}
+{{- end }}
+{{- if $peers }}
+{{ .key }}:
+{{- toYaml $peers | nindent 2 }}
 {{- end }}
 {{- end }}
