@@ -863,6 +863,7 @@ async fn trace_context_and_correlation_ids_reach_outcomes_and_dead_letters() {
     assert_eq!(hd["ce_subject"], "o-tr");
     assert_eq!(hd["ce_time"], body["processed_at"].as_str().unwrap());
     assert_eq!(hd["ce_source"], format!("/deductor/{}", f.topics.group));
+    common::contract::assert_outcome_headers(hd);
 
     let d = &dlq[0];
     let hd = &d.headers;
@@ -872,6 +873,7 @@ async fn trace_context_and_correlation_ids_reach_outcomes_and_dead_letters() {
     assert_eq!(hd["x-correlation-id"], "corr-2", "original headers kept");
     assert_eq!(hd["x-private"], "kept", "every original header kept");
     assert_eq!(hd["deductor.error.kind"], "not_json", "{hd:?}");
+    common::contract::assert_dead_letter_headers(hd);
     assert_eq!(d.payload.as_deref(), Some(b"{not json".as_slice()));
     f.cleanup().await;
 }

@@ -904,8 +904,9 @@ fn the_outcomes_the_code_builds_match_their_schemas() {
     }
 }
 
-/// The dead-letter header set names exactly the headers the publisher
-/// writes (read from its source: the names are string literals there).
+/// The dead-letter header set names exactly the `deductor.*` headers the
+/// publisher writes (read from its source: the names are string literals
+/// there), and the trace context headers.
 #[test]
 fn the_dead_letter_header_set_names_what_the_publisher_writes() {
     let schema = contract::load("dead-letter-headers");
@@ -913,8 +914,19 @@ fn the_dead_letter_header_set_names_what_the_publisher_writes() {
         .as_object()
         .unwrap()
         .keys()
+        .filter(|k| k.starts_with("deductor."))
         .cloned()
         .collect();
+    // The trace context the dead letter carries (src/kafka/headers.rs).
+    for h in [
+        deductor::kafka::headers::TRACEPARENT,
+        deductor::kafka::headers::TRACESTATE,
+    ] {
+        assert!(
+            schema["properties"].get(h).is_some(),
+            "contract/dead-letter-headers.schema.json does not document {h}"
+        );
+    }
     let source = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kafka/publisher.rs"),
     )

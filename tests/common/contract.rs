@@ -12,7 +12,7 @@ use jsonschema::Validator;
 use serde_json::Value;
 
 /// The schema files of `contract/`, by file stem.
-pub const SCHEMAS: [&str; 7] = [
+pub const SCHEMAS: [&str; 8] = [
     "order-placed",
     "order-refunded",
     "deduct-accepted",
@@ -20,6 +20,7 @@ pub const SCHEMAS: [&str; 7] = [
     "rollback-applied",
     "rollback-rejected",
     "dead-letter-headers",
+    "outcome-headers",
 ];
 
 pub fn dir() -> PathBuf {
@@ -103,6 +104,18 @@ pub fn assert_dead_letter_headers(headers: &BTreeMap<String, String>) {
     assert!(
         errs.is_empty(),
         "dead-letter headers break contract/dead-letter-headers.schema.json:\n  {}\n{doc}",
+        errs.join("\n  ")
+    );
+}
+
+/// Panics unless an outcome's headers are valid against
+/// `contract/outcome-headers.schema.json`.
+pub fn assert_outcome_headers(headers: &BTreeMap<String, String>) {
+    let doc = serde_json::to_value(headers).unwrap_or_default();
+    let errs = errors("outcome-headers", &doc);
+    assert!(
+        errs.is_empty(),
+        "outcome headers break contract/outcome-headers.schema.json:\n  {}\n{doc}",
         errs.join("\n  ")
     );
 }
