@@ -23,6 +23,8 @@ pub const LAG: &str = "deductor_consumer_lag";
 pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
+pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
+pub const REDIS_WAIT_SHORTFALLS: &str = "deductor_redis_wait_shortfalls_total";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -73,6 +75,15 @@ pub fn describe() {
         "From the start of an event to its acknowledged outcome."
     );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
+    describe_histogram!(
+        REDIS_WAIT,
+        Unit::Seconds,
+        "Duration of the durability gate's Redis WAIT (redis.wait_replicas > 0), per event."
+    );
+    describe_counter!(
+        REDIS_WAIT_SHORTFALLS,
+        "Events whose WAIT found fewer replicas than redis.wait_replicas with their writes (or whose connection changed); each is retried."
+    );
     describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
@@ -107,6 +118,16 @@ pub fn in_flight(n: usize) {
 
 pub fn event_duration(seconds: f64) {
     metrics::histogram!(EVENT_DURATION).record(seconds);
+}
+
+/// One durability-gate `WAIT` (all nodes of one event), in seconds.
+pub fn redis_wait(seconds: f64) {
+    metrics::histogram!(REDIS_WAIT).record(seconds);
+}
+
+/// An event the durability gate sent back for a retry.
+pub fn redis_wait_shortfall() {
+    counter!(REDIS_WAIT_SHORTFALLS).increment(1);
 }
 
 pub fn consumer_lag(partition: i32, lag: i64) {
