@@ -4,5 +4,6 @@
 
 pub mod kafka;
 pub mod redis;
+pub mod replication;
 pub mod service;
 pub mod workload;

@@ -1,0 +1,345 @@
+//! Replicated Redis against real servers: Sentinel urls (with credentials
+//! for the sentinels and the data nodes), a failover followed without a
+//! restart, and the durability gate (`redis.wait_replicas`): an event is
+//! not done while its writes lack a replica, and with the gate on a
+//! `kill -9` of a lagging primary loses no acknowledged deduction, while
+//! without it the same fault loses some (measured and printed).
+//!
+//! Each test runs its own primary, replica and sentinels on free ports
+//! (tests/common/replication.rs); the shared dev stack is never touched.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::redis::*;
+use common::replication::*;
+use deductor::admin::{self, PromoSpec};
+use deductor::config::RedisSettings;
+use deductor::domain::decision::PlaceDecision;
+use deductor::error::Disposition;
+use deductor::ledger::{ErrorClass, Ledger};
+use fred::prelude::*;
+
+const T: i64 = 1_800_000_000;
+
+fn gate_settings(url: &str, prefix: &str, wait_replicas: u32) -> RedisSettings {
+    let mut s = settings(url, prefix);
+    s.wait_replicas = wait_replicas;
+    s.wait_timeout_ms = 200;
+    s.command_timeout_ms = 1_000;
+    s.connect_timeout_ms = 1_000;
+    s.pool_size = 4;
+    s
+}
+
+fn spec(n: u64) -> PromoSpec {
+    PromoSpec {
+        budget: Some(n),
+        stock: Some(n),
+        ..PromoSpec::default()
+    }
+}
+
+async fn stock(ledger: &Ledger, p: &str) -> i64 {
+    let v: Option<i64> = ledger
+        .pool()
+        .hget(ledger.keys().promotion(&id(p)), "stock")
+        .await
+        .unwrap();
+    v.expect("the promotion has a stock")
+}
+
+async fn record_exists(ledger: &Ledger, p: &str, order: &str) -> bool {
+    let n: i64 = ledger
+        .pool()
+        .exists(ledger.keys().record(&id(p), &id(order)))
+        .await
+        .unwrap();
+    n == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_url_with_credentials_connects_and_deducts() {
+    common::service::init_tracing();
+    let r = Replicated::start(true, Some("data-secret"), Some("sentinel-secret")).await;
+    let prefix = unique_prefix();
+    let mut s = gate_settings(&r.sentinel_url(), &prefix, 1);
+    s.password = "data-secret".into();
+    s.sentinel_password = "sentinel-secret".into();
+    let ledger = Ledger::connect(&s)
+        .await
+        .expect("connects through the sentinels");
+    admin::promo_set(&ledger, &id("p"), spec(100), false)
+        .await
+        .unwrap();
+    let d = ledger
+        .place(&placed("e1", "o1", "c1", T, &[("p", 3, 1)]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            d,
+            PlaceDecision::Accepted {
+                duplicate: false,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    // It went to the primary the sentinels name, and the gate saw the replica.
+    assert_eq!(stock(&ledger, "p").await, 99);
+    assert_eq!(
+        r.node_cli(
+            r.replica.port,
+            &["HGET", &ledger.keys().promotion(&id("p")), "stock"]
+        ),
+        "99"
+    );
+    ledger.quit().await;
+
+    // The two credentials are separate: without the sentinels' own the
+    // connect fails as an auth error (fatal: a restart will not fix it),
+    // the data nodes' alone are not enough.
+    s.sentinel_password.clear();
+    let e = Ledger::connect(&s)
+        .await
+        .expect_err("the sentinels require a password");
+    assert_eq!(e.class(), ErrorClass::Auth, "{e}");
+    assert_eq!(e.disposition(), Disposition::Fatal, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_holds_an_event_while_its_replica_lags() {
+    common::service::init_tracing();
+    let r = Replicated::start(false, None, None).await;
+    let prefix = unique_prefix();
+    let gated = Ledger::connect(&gate_settings(&r.primary_url(), &prefix, 1))
+        .await
+        .unwrap();
+    let ungated = Ledger::connect(&gate_settings(&r.primary_url(), &prefix, 0))
+        .await
+        .unwrap();
+    admin::promo_set(&ungated, &id("p"), spec(100), false)
+        .await
+        .unwrap();
+    let e1 = placed("e1", "o1", "c1", T, &[("p", 1, 1)]);
+    gated.place(&e1).await.expect("the replica keeps up");
+
+    r.proxy.set(Link::Stalled);
+    let e2 = placed("e2", "o2", "c2", T, &[("p", 1, 1)]);
+    for _ in 0..3 {
+        let err = gated
+            .place(&e2)
+            .await
+            .expect_err("not done while the replica lags");
+        assert_eq!(err.class(), ErrorClass::Replicas, "{err}");
+        assert_eq!(err.disposition(), Disposition::Retry, "{err}");
+    }
+    // The primary took the write; only the acknowledgement is held back.
+    assert!(record_exists(&ungated, "p", "o2").await);
+    // Without the gate the same lag goes unnoticed: acknowledged at once.
+    let e3 = placed("e3", "o3", "c3", T, &[("p", 1, 1)]);
+    ungated.place(&e3).await.expect("no gate, no wait");
+
+    r.proxy.set(Link::Flowing);
+    let d = gated
+        .place(&e2)
+        .await
+        .expect("done once the replica caught up");
+    assert!(
+        matches!(
+            d,
+            PlaceDecision::Accepted {
+                duplicate: true,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    // Deducted once, however many attempts.
+    assert_eq!(stock(&ungated, "p").await, 97);
+    // A refund goes through the same gate.
+    r.proxy.set(Link::Stalled);
+    let refund = refunded("e4", "o1", "c1", &[("p", None, None)]);
+    let err = gated.refund(&refund).await.expect_err("refund held too");
+    assert_eq!(err.class(), ErrorClass::Replicas, "{err}");
+    r.proxy.set(Link::Flowing);
+    gated
+        .refund(&refund)
+        .await
+        .expect("refund done after the lag");
+    assert_eq!(stock(&ungated, "p").await, 98);
+    gated.quit().await;
+    ungated.quit().await;
+}
+
+/// What one failover run measured (printed by the tests: the fields are
+/// read through Debug).
+#[derive(Debug)]
+#[allow(dead_code)]
+struct Figures {
+    acknowledged: usize,
+    acknowledged_after_failover: usize,
+    lost: usize,
+    fatal_errors: Vec<String>,
+    failover_secs: f64,
+}
+
+/// Streams placements (8 workers, about 400/s) through a Sentinel url; the
+/// replica's link stalls for 2 s, then the primary is killed with `kill -9`
+/// and the stalled bytes are dropped; Sentinel promotes the replica; the old
+/// primary comes back as its replica. Then every acknowledged deduction is
+/// looked up on the new primary, and stock must equal the records left.
+async fn failover_run(wait_replicas: u32) -> Figures {
+    common::service::init_tracing();
+    let mut r = Replicated::start(true, None, None).await;
+    let prefix = unique_prefix();
+    let ledger = Ledger::connect(&gate_settings(&r.sentinel_url(), &prefix, wait_replicas))
+        .await
+        .unwrap();
+    const INITIAL: u64 = 1_000_000;
+    admin::promo_set(&ledger, &id("flash"), spec(INITIAL), false)
+        .await
+        .unwrap();
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed_over = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
+    let fatal = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let (ledger, next, stop, failed_over, acked, fatal) = (
+            ledger.clone(),
+            next.clone(),
+            stop.clone(),
+            failed_over.clone(),
+            acked.clone(),
+            fatal.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let e = placed(
+                    &format!("e{i}"),
+                    &format!("o{i}"),
+                    &format!("c{i}"),
+                    T,
+                    &[("flash", 1, 1)],
+                );
+                // Like the pipeline: retry until done, or give up uncommitted at stop.
+                loop {
+                    match ledger.place(&e).await {
+                        Ok(PlaceDecision::Accepted { .. }) => {
+                            acked
+                                .lock()
+                                .unwrap()
+                                .push((i, failed_over.load(Ordering::SeqCst)));
+                            break;
+                        }
+                        Ok(other) => panic!("event {i}: {other:?}"),
+                        Err(err) if err.disposition() == Disposition::Retry => {
+                            if stop.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        Err(err) => {
+                            fatal.lock().unwrap().push(err.to_string());
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.proxy.set(Link::Stalled);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed_at = Instant::now();
+    r.primary.kill9();
+    r.proxy.set(Link::Cut);
+    let new_primary = r.replica.port.to_string();
+    eventually(30, "Sentinel promotes the replica", || {
+        r.sentinel_primary(None) == new_primary
+    })
+    .await;
+    let failover_secs = killed_at.elapsed().as_secs_f64();
+    failed_over.store(true, Ordering::SeqCst);
+    // The gate needs a replica again: the old primary rejoins as one.
+    r.restart_old_primary_as_replica_of(r.replica.port).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().iter().filter(|a| a.1).count() < 50 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+    ledger.quit().await;
+
+    let after = Ledger::connect(&gate_settings(
+        &format!("redis://127.0.0.1:{}", r.replica.port),
+        &prefix,
+        0,
+    ))
+    .await
+    .unwrap();
+    let acked = acked.lock().unwrap().clone();
+    let mut lost = 0;
+    for (i, _) in &acked {
+        if !record_exists(&after, "flash", &format!("o{i}")).await {
+            lost += 1;
+        }
+    }
+    let mut records = 0;
+    for i in 0..next.load(Ordering::SeqCst) {
+        records += usize::from(record_exists(&after, "flash", &format!("o{i}")).await);
+    }
+    // Consistent on the new primary whatever was lost: no stock held by a
+    // vanished record, none given twice.
+    assert_eq!(
+        INITIAL as i64 - stock(&after, "flash").await,
+        records as i64,
+        "stock taken vs records on the new primary"
+    );
+    after.quit().await;
+    let fatal_errors = fatal.lock().unwrap().clone();
+    Figures {
+        acknowledged: acked.len(),
+        acknowledged_after_failover: acked.iter().filter(|a| a.1).count(),
+        lost,
+        fatal_errors,
+        failover_secs,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_a_failover_loses_no_acknowledged_deduction() {
+    let f = failover_run(1).await;
+    eprintln!("wait_replicas=1: {f:?}");
+    assert!(f.fatal_errors.is_empty(), "{f:?}");
+    assert!(
+        f.acknowledged_after_failover > 0,
+        "the failover was followed: {f:?}"
+    );
+    assert_eq!(f.lost, 0, "{f:?}");
+}
+
+/// The control: the same fault without the gate loses acknowledged
+/// deductions (the issue measured ~680 of ~2,800); if this ever reports 0,
+/// the fault no longer tests anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_gate_a_failover_loses_acknowledged_deductions() {
+    let f = failover_run(0).await;
+    eprintln!("wait_replicas=0: {f:?}");
+    assert!(f.fatal_errors.is_empty(), "{f:?}");
+    assert!(
+        f.acknowledged_after_failover > 0,
+        "the failover was followed: {f:?}"
+    );
+    assert!(f.lost > 0, "the fault lost nothing without the gate: {f:?}");
+}
