@@ -186,6 +186,9 @@ struct Figures {
     lost: usize,
     fatal_errors: Vec<String>,
     failover_secs: f64,
+    /// `EVAL` calls on the new primary: NOSCRIPT fallbacks (EVALSHA found
+    /// no script: scripts replicate as effects, so a replica has none).
+    noscript_fallbacks: u64,
 }
 
 /// Streams placements (8 workers, about 400/s) through a Sentinel url; the
@@ -307,6 +310,13 @@ async fn failover_run(wait_replicas: u32) -> Figures {
         "stock taken vs records on the new primary"
     );
     after.quit().await;
+    let stats = cli(r.replica.port, &["INFO", "commandstats"]);
+    let noscript_fallbacks = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_eval:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let fatal_errors = fatal.lock().unwrap().clone();
     Figures {
         acknowledged: acked.len(),
@@ -314,6 +324,7 @@ async fn failover_run(wait_replicas: u32) -> Figures {
         lost,
         fatal_errors,
         failover_secs,
+        noscript_fallbacks,
     }
 }
 
