@@ -176,6 +176,72 @@ async fn the_gate_holds_an_event_while_its_replica_lags() {
     ungated.quit().await;
 }
 
+/// On a Cluster the writes of a line go to its promotion's primary, so the
+/// gate's WAIT must go there too: with one primary's replica stopped, an
+/// order on another primary is done, and an order touching the stopped
+/// replica's primary is held (a WAIT sent to any other node would pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_gate_waits_on_the_nodes_that_took_the_writes() {
+    common::service::init_tracing();
+    let c = ReplicatedCluster::start().await;
+    let prefix = unique_prefix();
+    let ledger = Ledger::connect(&gate_settings(&c.url(), &prefix, 1))
+        .await
+        .unwrap();
+    // Two promotions on different primaries.
+    let client = ledger.pool().next();
+    let primary_of = |p: &str| -> u16 {
+        let slot = fred::util::redis_keyslot(ledger.keys().promotion(&id(p)).as_bytes());
+        client
+            .cached_cluster_state()
+            .and_then(|s| s.get_server(slot).map(|s| s.port))
+            .expect("slot has a primary")
+    };
+    let a = "promo-a".to_owned();
+    let b = (0..1000)
+        .map(|n| format!("promo-{n}"))
+        .find(|p| primary_of(p) != primary_of(&a))
+        .expect("a promotion on another primary");
+    for p in [&a, &b] {
+        admin::promo_set(&ledger, &id(p), spec(100), false)
+            .await
+            .unwrap();
+    }
+    ledger
+        .place(&placed("e1", "o1", "c1", T, &[(&a, 1, 1), (&b, 1, 1)]))
+        .await
+        .expect("every replica keeps up");
+
+    let stalled = c.replica_of(primary_of(&b));
+    stalled.signal(libc::SIGSTOP);
+    let only_a = placed("e2", "o2", "c2", T, &[(&a, 1, 1)]);
+    let on_b = placed("e3", "o3", "c3", T, &[(&b, 1, 1)]);
+    let both = placed("e4", "o4", "c4", T, &[(&a, 1, 1), (&b, 1, 1)]);
+    let held = async {
+        ledger.place(&only_a).await.expect("a's replica is fine");
+        for _ in 0..3 {
+            for e in [&on_b, &both] {
+                let err = ledger.place(e).await.expect_err("b's replica is stopped");
+                assert_eq!(err.class(), ErrorClass::Replicas, "{err}");
+            }
+        }
+    };
+    let result = tokio::time::timeout(Duration::from_secs(20), held).await;
+    stalled.signal(libc::SIGCONT);
+    result.expect("the checks ran while the replica was stopped");
+    for e in [&on_b, &both] {
+        let mut tries = 0;
+        while let Err(err) = ledger.place(e).await {
+            tries += 1;
+            assert!(tries < 100, "never done after the replica resumed: {err}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(stock(&ledger, &a).await, 97);
+    assert_eq!(stock(&ledger, &b).await, 97);
+    ledger.quit().await;
+}
+
 /// What one failover run measured (printed by the tests: the fields are
 /// read through Debug).
 #[derive(Debug)]

@@ -440,3 +440,96 @@ impl Replicated {
         self.dir.path().to_owned()
     }
 }
+
+/// A port free for a Redis Cluster node: it and its bus port (+10000).
+fn free_cluster_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p < 55_000 && StdListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// A Redis Cluster of three primaries with one replica each.
+pub struct ReplicatedCluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Proc>,
+}
+
+impl ReplicatedCluster {
+    pub async fn start() -> ReplicatedCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let port = free_cluster_port();
+            nodes.push(redis(
+                dir.path(),
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            ));
+            wait_ping(port).await;
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let c = ReplicatedCluster { dir, nodes };
+        let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+        eventually(30, "cluster ok with 3 replicas in sync", || {
+            ports
+                .iter()
+                .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                && ports
+                    .iter()
+                    .filter(|p| repl_field(**p, "master_link_status") == "up")
+                    .count()
+                    == 3
+        })
+        .await;
+        c
+    }
+
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes[1..]
+            .iter()
+            .map(|n| format!("node=127.0.0.1:{}", n.port))
+            .collect();
+        format!(
+            "redis-cluster://127.0.0.1:{}?{}",
+            self.nodes[0].port,
+            nodes.join("&")
+        )
+    }
+
+    /// The replica node of the primary on `primary`.
+    pub fn replica_of(&self, primary: u16) -> &Proc {
+        let port: u16 = repl_field(primary, "slave0")
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("port="))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("primary {primary} has no replica"));
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("the replica is ours")
+    }
+}
