@@ -420,3 +420,71 @@ async fn without_the_gate_a_failover_loses_acknowledged_deductions() {
     );
     assert!(f.lost > 0, "the fault lost nothing without the gate: {f:?}");
 }
+
+/// The gate's cost at the ledger (not a test: run it with
+/// `cargo test --release --test replication gate_cost -- --ignored --nocapture`).
+/// 16 concurrent orders at a time, single-line placements, against a
+/// primary and one replica replicating directly (no proxy), with
+/// `wait_replicas` 0 and 1 in turn; events/s and p50 / p99 of `place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn gate_cost() {
+    let r = Replicated::start(false, None, None).await;
+    let primary = r.primary.port.to_string();
+    r.node_cli(r.replica.port, &["REPLICAOF", "127.0.0.1", &primary]);
+    r.wait_in_sync(r.replica.port).await;
+    let url = format!("redis://127.0.0.1:{primary}");
+    let prefix = unique_prefix();
+    let setup = Ledger::connect(&gate_settings(&url, &prefix, 0))
+        .await
+        .unwrap();
+    admin::promo_set(&setup, &id("p"), spec(100_000_000), false)
+        .await
+        .unwrap();
+    let n: u64 = std::env::var("GATE_COST_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000);
+    for round in 0..2 {
+        for wait in [0, 1] {
+            let ledger = Ledger::connect(&gate_settings(&url, &prefix, wait))
+                .await
+                .unwrap();
+            let next = Arc::new(AtomicU64::new(0));
+            let start = Instant::now();
+            let mut workers = Vec::new();
+            for _ in 0..16 {
+                let (ledger, next) = (ledger.clone(), next.clone());
+                workers.push(tokio::spawn(async move {
+                    let mut took = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n {
+                            return took;
+                        }
+                        let tag = format!("r{round}w{wait}i{i}");
+                        let e = placed(&tag, &tag, &tag, T, &[("p", 1, 1)]);
+                        let t = Instant::now();
+                        ledger.place(&e).await.unwrap();
+                        took.push(t.elapsed());
+                    }
+                }));
+            }
+            let mut took = Vec::new();
+            for w in workers {
+                took.extend(w.await.unwrap());
+            }
+            let secs = start.elapsed().as_secs_f64();
+            took.sort();
+            let q = |f: f64| took[((took.len() as f64 * f) as usize).min(took.len() - 1)];
+            eprintln!(
+                "gate_cost round {round} wait_replicas={wait}: {n} events in {secs:.2} s = {:.0} events/s, place p50 {:?} p99 {:?}",
+                n as f64 / secs,
+                q(0.50),
+                q(0.99)
+            );
+            ledger.quit().await;
+        }
+    }
+    setup.quit().await;
+}

@@ -46,6 +46,25 @@ pub(crate) struct Gate {
 }
 
 impl Ledger {
+    /// Warns when the gate is on but cannot see reconnects: fred learns a
+    /// connection's `CLIENT ID` at connect and carries on without it when
+    /// refused (an ACL user without `+client|id`).
+    pub(crate) fn check_gate(&self) {
+        if self.shared.wait_replicas > 0
+            && self
+                .pool
+                .clients()
+                .iter()
+                .any(|c| c.connection_ids().is_empty())
+        {
+            tracing::warn!(
+                "redis.wait_replicas is on but CLIENT ID is refused: the durability gate cannot \
+                 tell a reconnect (e.g. to a new primary) from the connection that wrote; \
+                 grant the Redis user +client|id (docs/operations.md)"
+            );
+        }
+    }
+
     /// Opens the gate for one event of `order` (before its first command).
     pub(crate) fn gate(&self, order: &Id) -> Option<Gate> {
         (self.shared.wait_replicas > 0).then(|| Gate {

@@ -198,7 +198,7 @@ impl Ledger {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.quit()).await;
             return Err(e);
         }
-        Ok(Ledger {
+        let ledger = Ledger {
             pool,
             shared: Arc::new(Shared {
                 keys: Keys::new(settings.key_prefix.clone()),
@@ -209,7 +209,9 @@ impl Ledger {
                 wait_timeout,
                 command_timeout,
             }),
-        })
+        };
+        ledger.check_gate();
+        Ok(ledger)
     }
 
     /// The key layout under this ledger's prefix.
