@@ -111,6 +111,80 @@ async fn sentinel_url_with_credentials_connects_and_deducts() {
     assert_eq!(e.disposition(), Disposition::Fatal, "{e}");
 }
 
+/// The service user of docs/operations.md (as in tests/security.rs).
+const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
+    +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
+/// What the gate and Sentinel add on the data nodes, and the sentinels' user.
+const GATE_ACL: &str = "+wait +client|id";
+const SENTINEL_DATA_ACL: &str = "+role";
+const SENTINELS_ACL: &str = "+sentinel|get-master-addr-by-name +sentinel|sentinels";
+
+fn set_user(port: u16, user: &str, rules: &[&str]) {
+    let mut args = vec![
+        "ACL", "SETUSER", user, "reset", "on", ">pw", "~promo:*", "~t*",
+    ];
+    args.extend(rules.iter().flat_map(|r| r.split_whitespace()));
+    assert_eq!(cli(port, &args), "OK", "ACL SETUSER on {port}");
+}
+
+/// The documented rules are enough for the service through Sentinel with
+/// the gate on, and `+wait` and `+role` are each needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rules_cover_sentinel_and_the_gate() {
+    common::service::init_tracing();
+    let r = Replicated::start(true, None, None).await;
+    let prefix = unique_prefix();
+    let admin = Ledger::connect(&gate_settings(&r.sentinel_url(), &prefix, 0))
+        .await
+        .unwrap();
+    admin::promo_set(&admin, &id("p"), spec(100), false)
+        .await
+        .unwrap();
+    let users = [
+        ("full", vec![SERVICE_ACL, GATE_ACL, SENTINEL_DATA_ACL]),
+        ("nowait", vec![SERVICE_ACL, "+client|id", SENTINEL_DATA_ACL]),
+        ("norole", vec![SERVICE_ACL, GATE_ACL]),
+    ];
+    for node in [r.primary.port, r.replica.port] {
+        for (user, rules) in &users {
+            set_user(node, user, rules);
+        }
+    }
+    for s in &r.sentinels {
+        set_user(s.port, "watcher", &[SENTINELS_ACL]);
+    }
+    let settings_for = |user: &str| {
+        let mut s = gate_settings(&r.sentinel_url(), &prefix, 1);
+        s.username = user.into();
+        s.password = "pw".into();
+        s.sentinel_username = "watcher".into();
+        s.sentinel_password = "pw".into();
+        s
+    };
+    let ledger = Ledger::connect(&settings_for("full"))
+        .await
+        .expect("documented rules");
+    ledger
+        .place(&placed("e1", "o1", "c1", T, &[("p", 1, 1)]))
+        .await
+        .expect("a gated placement as the documented user");
+    ledger.quit().await;
+
+    let ledger = Ledger::connect(&settings_for("nowait")).await.unwrap();
+    let err = ledger
+        .place(&placed("e2", "o2", "c2", T, &[("p", 1, 1)]))
+        .await
+        .expect_err("WAIT is refused");
+    assert_eq!(err.class(), ErrorClass::Auth, "{err}");
+    ledger.quit().await;
+
+    let err = Ledger::connect(&settings_for("norole"))
+        .await
+        .expect_err("ROLE is refused");
+    assert_eq!(err.class(), ErrorClass::Auth, "{err}");
+    admin.quit().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_holds_an_event_while_its_replica_lags() {
     common::service::init_tracing();

@@ -75,7 +75,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "deductor.secretName" -}}
 {{- if .Values.secret.existingSecret }}
 {{- .Values.secret.existingSecret }}
-{{- else if or .Values.secret.redisPassword .Values.secret.kafkaSaslPassword }}
+{{- else if or .Values.secret.redisPassword .Values.secret.kafkaSaslPassword .Values.secret.sentinelPassword }}
 {{- include "deductor.fullname" . }}
 {{- end }}
 {{- end }}
@@ -137,6 +137,19 @@ integers; librdkafka properties are always strings.
 {{- $http := default dict $cfg.http }}
 {{- $_ := set $http "listen" (printf "0.0.0.0:%d" (int64 .Values.httpPort)) }}
 {{- $_ := set $cfg "http" $http }}
+{{- $sentinel := (default dict (default dict .Values.redis).sentinel) }}
+{{- if $sentinel.enabled }}
+{{- if not $sentinel.hosts }}
+{{- fail "redis.sentinel.enabled needs redis.sentinel.hosts: the sentinels' host:port, e.g. [\"redis.redis.svc:26379\"]" }}
+{{- end }}
+{{- $redis := default dict $cfg.redis }}
+{{- $scheme := ternary "rediss-sentinel" "redis-sentinel" (default false $sentinel.tls) }}
+{{- $_ := set $redis "url" (printf "%s://%s/%s" $scheme (join "," $sentinel.hosts) (default "mymaster" $sentinel.masterSet)) }}
+{{- with $sentinel.username }}
+{{- $_ := set $redis "sentinel_username" . }}
+{{- end }}
+{{- $_ := set $cfg "redis" $redis }}
+{{- end }}
 # Rendered by the deductor Helm chart from .Values.config; keys as in
 # config/default.toml. Secrets come from the environment, never from here.
 {{- range $section := keys $cfg | sortAlpha }}
@@ -210,6 +223,14 @@ integers; librdkafka properties are always strings.
     secretKeyRef:
       name: {{ $secret }}
       key: {{ .Values.secret.keys.redisPassword }}
+      optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
+{{- if or $existing .Values.secret.sentinelPassword }}
+- name: DEDUCTOR_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .Values.secret.keys.sentinelPassword }}
       optional: {{ ternary "true" "false" (not (empty $existing)) }}
 {{- end }}
 {{- if or $existing .Values.secret.kafkaSaslPassword }}
