@@ -316,6 +316,60 @@ async fn on_a_cluster_the_gate_waits_on_the_nodes_that_took_the_writes() {
     ledger.quit().await;
 }
 
+/// The service with the gate, end to end: while the replica's link is
+/// stalled an event's outcome is not published and its offset not
+/// committed (the ledger keeps retrying it); once the link flows it is
+/// done, with one outcome and one deduction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_commits_nothing_the_replicas_lack() {
+    use common::kafka;
+    use common::service::{self, Fixture};
+    let r = Replicated::start(false, None, None).await;
+    let mut f = Fixture::new("gate", 1).await;
+    f.redis_url = r.primary_url();
+    let ledger = f.ledger().await;
+    f.promo(&ledger, "p", spec(100)).await;
+    let settings = f.settings(&[
+        ("redis.wait_replicas", "1"),
+        ("redis.wait_timeout_ms", "200"),
+        ("retry.max_interval_ms", "200"),
+    ]);
+    let svc = service::start(settings);
+    r.proxy.set(Link::Stalled);
+    let event = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
+        "customer_id": "c1", "occurred_at": "2026-11-30T08:00:00Z",
+        "lines": [{"promotion_id": "p", "budget": 5, "stock": 1}]});
+    kafka::produce_events(&f.topics.input, &[event]).await;
+    // The scripts ran (the primary has the record) but the event stays open.
+    eventually(60, "the primary took the deduction", || {
+        r.node_cli(
+            r.proxy.port,
+            &["EXISTS", &ledger.keys().record(&id("p"), &id("o1"))],
+        ) == "1"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!svc.is_finished(), "the service stopped by itself");
+    assert_eq!(svc.status.events_done.load(Ordering::Relaxed), 0);
+    let committed = kafka::committed(&f.topics.group, &f.topics.input, 1).await;
+    assert!(
+        committed.values().all(|c| c.unwrap_or(0) == 0),
+        "committed while the replica lacked the write: {committed:?}"
+    );
+
+    r.proxy.set(Link::Flowing);
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(svc.status.events_done.load(Ordering::Relaxed), 1);
+    let outcomes = kafka::read_all(&f.topics.outcome).await;
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert_eq!(stock(&ledger, "p").await, 99);
+    let (result, _) = svc.stop(Duration::from_secs(30)).await;
+    result.expect("the service stops cleanly");
+    ledger.quit().await;
+    f.cleanup().await;
+}
+
 /// What one failover run measured (printed by the tests: the fields are
 /// read through Debug).
 #[derive(Debug)]
