@@ -12,6 +12,8 @@ use figment::providers::{Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::sentinel::SentinelUrl;
+
 /// The compiled-in defaults: the first layer, and the documentation of every key.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -20,6 +22,11 @@ const ENV_PREFIX: &str = "DEDUCTOR_";
 /// `redis.refund_ttl_secs`: 10 years (365-day years), far beyond any refund
 /// window and far below what Redis and the scripts can take.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// More replicas than any sane deployment has: a typo, not a setting.
+const MAX_WAIT_REPLICAS: u32 = 16;
+/// `WAIT` blocks its connection (and fred's unresponsive check must outlast it).
+const MAX_WAIT_TIMEOUT_MS: u64 = 60_000;
 
 const SECTIONS: [&str; 7] = [
     "kafka", "redis", "pipeline", "retry", "http", "log", "tracing",
@@ -77,6 +84,15 @@ pub struct RedisSettings {
     pub record_ttl_secs: u64,
     pub refund_ttl_secs: u64,
     pub slow_script_ms: u64,
+    /// The sentinels' ACL user and password (`redis-sentinel://` urls only);
+    /// the data nodes' are `username` / `password`.
+    pub sentinel_username: String,
+    pub sentinel_password: String,
+    /// The durability gate: an event is done only when `WAIT` says this many
+    /// replicas have its writes (0 = off).
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may block before a short count is retried.
+    pub wait_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -195,6 +211,17 @@ impl fmt::Debug for RedisSettings {
             .field("pool_size", &self.pool_size)
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("key_prefix", &self.key_prefix)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &if self.sentinel_password.is_empty() {
+                    ""
+                } else {
+                    "***"
+                },
+            )
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout_ms", &self.wait_timeout_ms)
             .finish_non_exhaustive()
     }
 }
@@ -393,6 +420,7 @@ impl Settings {
             ));
         }
         let r = &self.redis;
+        let sentinel = SentinelUrl::is_sentinel(&r.url);
         if ![
             "redis://",
             "rediss://",
@@ -401,14 +429,34 @@ impl Settings {
         ]
         .iter()
         .any(|s| r.url.starts_with(s))
+            && !sentinel
         {
             return Err(bad(
                 "redis.url",
                 format!("{:?} is not a Redis url", redact_url(&r.url)),
-                "use redis://host:port, rediss://host:port or redis-cluster://host:port?node=host:port",
+                "use redis://host:port, rediss://host:port, redis-cluster://host:port?node=host:port \
+                 or redis-sentinel://host:port[,host:port...]/SERVICE",
             ));
         }
-        let tls = r.url.starts_with("rediss://") || r.url.starts_with("rediss-cluster://");
+        if sentinel {
+            if let Err(problem) = SentinelUrl::parse(&r.url) {
+                return Err(bad(
+                    "redis.url",
+                    format!("{:?}: {problem}", redact_url(&r.url)),
+                    "use redis-sentinel://host:port[,host:port...]/SERVICE (rediss-sentinel:// for TLS), \
+                     SERVICE being the name the sentinels monitor the primary under",
+                ));
+            }
+        } else if !r.sentinel_username.is_empty() || !r.sentinel_password.is_empty() {
+            return Err(bad(
+                "redis.sentinel_password",
+                "sentinel credentials are set but redis.url is not a redis-sentinel:// url",
+                "use redis-sentinel://host:port/SERVICE, or leave sentinel_username and sentinel_password empty",
+            ));
+        }
+        let tls = r.url.starts_with("rediss://")
+            || r.url.starts_with("rediss-cluster://")
+            || r.url.starts_with("rediss-sentinel://");
         if !r.tls_ca_file.is_empty() {
             if !tls {
                 return Err(bad(
@@ -430,6 +478,23 @@ impl Settings {
                 "redis.tls_insecure_skip_verify",
                 "is on but redis.url is not a TLS url",
                 "use rediss://host:port, or turn it off",
+            ));
+        }
+        if r.wait_replicas > MAX_WAIT_REPLICAS {
+            return Err(bad(
+                "redis.wait_replicas",
+                format!("{} is above {MAX_WAIT_REPLICAS}", r.wait_replicas),
+                "use 0 (off) or the number of replicas that must have each write, e.g. 1",
+            ));
+        }
+        if r.wait_replicas > 0 && !(1..=MAX_WAIT_TIMEOUT_MS).contains(&r.wait_timeout_ms) {
+            return Err(bad(
+                "redis.wait_timeout_ms",
+                format!(
+                    "{} is out of range (0 would block forever on a lost replica)",
+                    r.wait_timeout_ms
+                ),
+                "use 1 to 60000 milliseconds, e.g. 1000",
             ));
         }
         if r.pool_size == 0 || r.pool_size > 64 {
@@ -927,6 +992,55 @@ mod tests {
             assert!(e.contains(named), "{overrides:?}: {e}");
             assert!(e.contains("315360000"), "names the maximum: {e}");
         }
+    }
+
+    #[test]
+    fn sentinel_urls_and_the_gate_are_checked() {
+        let s = load(
+            &[],
+            &[
+                ("redis.url", "redis-sentinel://a:26379,b:26380/mymaster"),
+                ("redis.sentinel_password", "x"),
+                ("redis.wait_replicas", "1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.redis.wait_replicas, 1);
+        assert_eq!(s.redis.wait_timeout_ms, 1000);
+        assert!(!format!("{:?}", s.redis).contains("\"x\""));
+        for (pairs, key, says) in [
+            (
+                vec![("redis.url", "redis-sentinel://a:26379")],
+                "redis.url",
+                "/SERVICE",
+            ),
+            (
+                vec![("redis.url", "redis-sentinel://u:hunter2@a:port/m")],
+                "redis.url",
+                "port",
+            ),
+            (
+                vec![("redis.sentinel_username", "w")],
+                "redis.sentinel_password",
+                "not a redis-sentinel",
+            ),
+            (
+                vec![("redis.wait_replicas", "17")],
+                "redis.wait_replicas",
+                "17",
+            ),
+            (
+                vec![("redis.wait_replicas", "1"), ("redis.wait_timeout_ms", "0")],
+                "redis.wait_timeout_ms",
+                "block forever",
+            ),
+        ] {
+            let e = load(&[], &pairs).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(says), "{pairs:?}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        // Off: the timeout is not used, so not checked.
+        load(&[], &[("redis.wait_timeout_ms", "0")]).unwrap();
     }
 
     #[test]

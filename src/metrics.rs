@@ -26,6 +26,8 @@ pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_to
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
+pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
+pub const REDIS_WAIT_SHORTFALLS: &str = "deductor_redis_wait_shortfalls_total";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -85,6 +87,15 @@ pub fn describe() {
         "Refund lines whose event named another customer than the deduction's (applied to the deduction's)."
     );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
+    describe_histogram!(
+        REDIS_WAIT,
+        Unit::Seconds,
+        "Duration of the durability gate's Redis WAIT (redis.wait_replicas > 0), per event."
+    );
+    describe_counter!(
+        REDIS_WAIT_SHORTFALLS,
+        "Events whose WAIT found fewer replicas than redis.wait_replicas with their writes (or whose connection changed); each is retried."
+    );
     describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
     describe_counter!(
         DLQ_REDRIVES,
@@ -163,6 +174,16 @@ pub fn redis_error(kind: &'static str) {
 /// A refund named another customer than the one its deduction counted for.
 pub fn refund_customer_mismatch() {
     counter!(REFUND_CUSTOMER_MISMATCH).increment(1);
+}
+
+/// One durability-gate `WAIT` (all nodes of one event), in seconds.
+pub fn redis_wait(seconds: f64) {
+    metrics::histogram!(REDIS_WAIT).record(seconds);
+}
+
+/// An event the durability gate sent back for a retry.
+pub fn redis_wait_shortfall() {
+    counter!(REDIS_WAIT_SHORTFALLS).increment(1);
 }
 
 pub fn consumer_lag(partition: i32, lag: i64) {

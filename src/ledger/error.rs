@@ -24,6 +24,9 @@ pub enum ErrorClass {
     Busy,
     /// Cluster state in flux: CLUSTERDOWN, MOVED/ASK beyond the redirection limit.
     Cluster,
+    /// The durability gate: `WAIT` found fewer replicas with the event's
+    /// writes than `redis.wait_replicas` (or the connection changed under it).
+    Replicas,
     /// The node's script cache lacks the script (handled by reloading).
     NoScript,
     /// WRONGPASS, NOAUTH, NOPERM: the credentials or ACL are wrong.
@@ -47,6 +50,7 @@ impl ErrorClass {
             ErrorClass::Timeout => "timeout",
             ErrorClass::Busy => "busy",
             ErrorClass::Cluster => "cluster",
+            ErrorClass::Replicas => "replicas",
             ErrorClass::NoScript => "noscript",
             ErrorClass::Auth => "auth",
             ErrorClass::Config => "config",
@@ -65,6 +69,7 @@ impl ErrorClass {
             | ErrorClass::Timeout
             | ErrorClass::Busy
             | ErrorClass::Cluster
+            | ErrorClass::Replicas
             | ErrorClass::NoScript => Disposition::Retry,
             ErrorClass::Corrupt => Disposition::Reject,
             ErrorClass::Auth
@@ -96,7 +101,11 @@ pub fn classify(e: &RedisError) -> ErrorClass {
         _ => {}
     }
     match e.kind() {
-        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure => ErrorClass::Connection,
+        // Sentinel: no sentinel answered, or none names a primary yet (a
+        // failover in progress): reconnecting gets there.
+        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::Sentinel => {
+            ErrorClass::Connection
+        }
         ErrorKind::Timeout => ErrorClass::Timeout,
         ErrorKind::Cluster | ErrorKind::Routing => ErrorClass::Cluster,
         ErrorKind::Auth => ErrorClass::Auth,
@@ -125,6 +134,10 @@ pub enum LedgerError {
     /// No connection within the connect timeout.
     #[error("redis did not connect within {0:?}")]
     ConnectTimeout(Duration),
+    /// The durability gate could not confirm the event's writes on enough
+    /// replicas; the event is retried, never committed.
+    #[error("redis WAIT: {detail}")]
+    NotDurable { detail: String },
 }
 
 impl LedgerError {
@@ -154,6 +167,14 @@ impl LedgerError {
         e
     }
 
+    pub(crate) fn not_durable(detail: impl Into<String>) -> LedgerError {
+        let e = LedgerError::NotDurable {
+            detail: detail.into(),
+        };
+        e.count();
+        e
+    }
+
     fn count(&self) {
         crate::metrics::redis_error(self.class().as_str());
     }
@@ -163,6 +184,7 @@ impl LedgerError {
             LedgerError::Redis { class, .. } => *class,
             LedgerError::MalformedReply { .. } => ErrorClass::Reply,
             LedgerError::ConnectTimeout(_) => ErrorClass::Timeout,
+            LedgerError::NotDurable { .. } => ErrorClass::Replicas,
         }
     }
 
@@ -212,6 +234,7 @@ mod tests {
             (ErrorKind::IO, ErrorClass::Connection),
             (ErrorKind::Canceled, ErrorClass::Connection),
             (ErrorKind::Timeout, ErrorClass::Timeout),
+            (ErrorKind::Sentinel, ErrorClass::Connection),
             (ErrorKind::Cluster, ErrorClass::Cluster),
             (ErrorKind::Url, ErrorClass::Config),
             (ErrorKind::Config, ErrorClass::Config),
@@ -229,6 +252,11 @@ mod tests {
     fn dispositions() {
         assert_eq!(ErrorClass::Timeout.disposition(), Disposition::Retry);
         assert_eq!(ErrorClass::Busy.disposition(), Disposition::Retry);
+        assert_eq!(ErrorClass::Replicas.disposition(), Disposition::Retry);
+        assert_eq!(
+            LedgerError::not_durable("0 of 1").disposition(),
+            Disposition::Retry
+        );
         assert_eq!(ErrorClass::Corrupt.disposition(), Disposition::Reject);
         assert_eq!(ErrorClass::Auth.disposition(), Disposition::Fatal);
         assert_eq!(ErrorClass::BadArg.disposition(), Disposition::Fatal);

@@ -8,17 +8,20 @@
 //! one pooled connection (chosen by the order id), and its writes are awaited
 //! one after another.
 
+pub mod durability;
 pub mod error;
 pub mod scripts;
+pub mod sentinel;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, TcpConfig, Value,
+    Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, Server, ServerConfig,
+    TcpConfig, Value,
 };
-use fred::types::config::{TlsConnector, UnresponsiveConfig};
+use fred::types::config::{ReconnectError, TlsConnector, UnresponsiveConfig};
 
 use crate::config::RedisSettings;
 use crate::domain::decision::{
@@ -29,6 +32,7 @@ use crate::domain::keys::Keys;
 
 pub use error::{classify, ErrorClass, LedgerError};
 use scripts::{LineReply, Script};
+use sentinel::SentinelUrl;
 
 /// The TLS connector of `rediss://` urls: the system's roots plus
 /// `redis.tls_ca_file`, verification off only on request.
@@ -66,6 +70,56 @@ fn tls_connector(s: &RedisSettings) -> Result<TlsConnector, LedgerError> {
     TlsConnector::try_from(builder).map_err(|e| LedgerError::redis("connect", e))
 }
 
+/// The fred config of `settings`: the url (our `redis-sentinel://` syntax,
+/// fred's for the rest), TLS, and credentials (settings override the url's).
+pub fn fred_config(s: &RedisSettings) -> Result<Config, LedgerError> {
+    let url_error = |detail: String| {
+        LedgerError::redis(
+            "connect",
+            fred::error::Error::new(fred::error::ErrorKind::Url, detail),
+        )
+    };
+    let nonempty = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+    let (mut config, tls) = if SentinelUrl::is_sentinel(&s.url) {
+        let u = SentinelUrl::parse(&s.url).map_err(url_error)?;
+        let config = Config {
+            server: ServerConfig::Sentinel {
+                hosts: u
+                    .sentinels
+                    .iter()
+                    .map(|(host, port)| Server::new(host.as_str(), *port))
+                    .collect(),
+                service_name: u.service,
+                username: nonempty(&s.sentinel_username),
+                password: nonempty(&s.sentinel_password),
+            },
+            username: u.username,
+            password: u.password,
+            ..Config::default()
+        };
+        (config, u.tls)
+    } else {
+        let config = Config::from_url(&s.url).map_err(|e| LedgerError::redis("connect", e))?;
+        let tls = config.uses_tls();
+        (config, tls)
+    };
+    if tls {
+        // fred's default trusts the system's roots only; for Sentinel the
+        // sentinels and the data nodes both speak TLS.
+        config.tls = Some(tls_connector(s)?.into());
+    }
+    if let Some(user) = nonempty(&s.username) {
+        config.username = Some(user);
+    }
+    if let Some(password) = nonempty(&s.password) {
+        config.password = Some(password);
+    }
+    // The first connection must succeed (or fail) now; later drops are
+    // reconnected by the policy set in `connect`.
+    config.fail_fast = true;
+    Ok(config)
+}
+
 /// The Redis side of deductor. Cheap to clone: clones share the pool.
 #[derive(Clone)]
 pub struct Ledger {
@@ -78,6 +132,10 @@ struct Shared {
     record_ttl: String,
     refund_ttl: String,
     slow_script: Duration,
+    /// The durability gate ([`durability`]): 0 = off.
+    wait_replicas: u32,
+    wait_timeout: Duration,
+    command_timeout: Duration,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -93,24 +151,14 @@ impl Ledger {
     /// Builds the pool from `settings` and waits (bounded) until every
     /// connection is up. Credentials in `settings` override the URL's.
     pub async fn connect(settings: &RedisSettings) -> Result<Ledger, LedgerError> {
-        let mut config =
-            Config::from_url(&settings.url).map_err(|e| LedgerError::redis("connect", e))?;
-        if config.uses_tls() {
-            // rediss://: fred's default trusts the system's roots only.
-            config.tls = Some(tls_connector(settings)?.into());
-        }
-        if !settings.username.is_empty() {
-            config.username = Some(settings.username.clone());
-        }
-        if !settings.password.is_empty() {
-            config.password = Some(settings.password.clone());
-        }
-        // The first connection must succeed (or fail) now; later drops are
-        // reconnected by the policy below.
-        config.fail_fast = true;
+        let config = fred_config(settings)?;
         let command_timeout = Duration::from_millis(settings.command_timeout_ms.max(1));
         let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
-        let unresponsive = (command_timeout * 2).max(Duration::from_secs(1));
+        // A blocking WAIT (the durability gate) must not look unresponsive.
+        let wait_timeout = Duration::from_millis(settings.wait_timeout_ms);
+        let unresponsive = (command_timeout * 2)
+            .max(wait_timeout + command_timeout)
+            .max(Duration::from_secs(1));
         let pool = Builder::from_config(config)
             .with_performance_config(|p| {
                 // fred's default is no timeout: a lost reply would hang a partition.
@@ -131,6 +179,10 @@ impl Ledger {
                     nodelay: Some(true),
                     ..TcpConfig::default()
                 };
+                // A primary demoted without dropping its connections (a
+                // Sentinel failover after a partition) answers READONLY:
+                // reconnect, which asks the sentinels for the new primary.
+                c.reconnect_errors = vec![ReconnectError::ReadOnly];
             })
             .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
             .build_pool(settings.pool_size.max(1))
@@ -146,15 +198,20 @@ impl Ledger {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.quit()).await;
             return Err(e);
         }
-        Ok(Ledger {
+        let ledger = Ledger {
             pool,
             shared: Arc::new(Shared {
                 keys: Keys::new(settings.key_prefix.clone()),
                 record_ttl: settings.record_ttl_secs.to_string(),
                 refund_ttl: settings.refund_ttl_secs.to_string(),
                 slow_script: Duration::from_millis(settings.slow_script_ms),
+                wait_replicas: settings.wait_replicas,
+                wait_timeout,
+                command_timeout,
             }),
-        })
+        };
+        ledger.check_gate();
+        Ok(ledger)
     }
 
     /// The key layout under this ledger's prefix.
@@ -200,7 +257,18 @@ impl Ledger {
     /// as an error: deduct.lua remembers it under the line's memo, and the
     /// lines already deducted are released and marked like for any other
     /// rejection, so every delivery of the event repeats the decision.
+    ///
+    /// With the durability gate on, returns only once enough replicas have
+    /// the event's writes ([`durability`]).
     pub async fn place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
+        let gate = self.gate(&e.header.order_id);
+        let decision = self.decide_place(e).await?;
+        self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
+            .await?;
+        Ok(decision)
+    }
+
+    async fn decide_place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
         let h = &e.header;
         if e.lines.len() > 1 {
             // One decision per event: a redelivery of a rejected event is
@@ -307,7 +375,18 @@ impl Ledger {
     /// and the line is applied again with that customer's counter. The
     /// mismatch is logged and counted in
     /// `deductor_refund_customer_mismatch_total`.
+    ///
+    /// With the durability gate on, returns only once enough replicas have
+    /// the event's writes ([`durability`]).
     pub async fn refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
+        let gate = self.gate(&e.header.order_id);
+        let decision = self.decide_refund(e).await?;
+        self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
+            .await?;
+        Ok(decision)
+    }
+
+    async fn decide_refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
         let h = &e.header;
         let mut lines = Vec::with_capacity(e.lines.len());
         for line in &e.lines {
@@ -500,5 +579,83 @@ fn refund_line(p: &Id, r: LineReply) -> RefundLineResult {
         budget: r.budget,
         stock: r.stock,
         remaining: r.remaining,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> RedisSettings {
+        let mut s = crate::config::Settings::load_from_env(None, &[], Vec::new())
+            .expect("defaults are valid")
+            .redis;
+        s.url = url.to_owned();
+        s
+    }
+
+    #[test]
+    fn sentinel_url_becomes_a_sentinel_config() {
+        let mut s = settings("redis-sentinel://u:url-pw@10.0.0.1:26380,10.0.0.2/mymaster");
+        s.sentinel_username = "watcher".into();
+        s.sentinel_password = "sentinel-pw".into();
+        let c = fred_config(&s).unwrap();
+        match &c.server {
+            ServerConfig::Sentinel {
+                hosts,
+                service_name,
+                username,
+                password,
+            } => {
+                assert_eq!(
+                    hosts,
+                    &vec![
+                        Server::new("10.0.0.1", 26380),
+                        Server::new("10.0.0.2", 26379)
+                    ]
+                );
+                assert_eq!(service_name, "mymaster");
+                assert_eq!(username.as_deref(), Some("watcher"));
+                assert_eq!(password.as_deref(), Some("sentinel-pw"));
+            }
+            other => panic!("not a sentinel config: {other:?}"),
+        }
+        // The data nodes' credentials: the url's, overridden by the settings.
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("url-pw"));
+        assert!(c.tls.is_none());
+        assert!(c.fail_fast);
+        s.password = "settings-pw".into();
+        assert_eq!(
+            fred_config(&s).unwrap().password.as_deref(),
+            Some("settings-pw")
+        );
+    }
+
+    #[test]
+    fn sentinel_without_credentials_sends_none_to_the_sentinels() {
+        let c = fred_config(&settings("rediss-sentinel://h/svc")).unwrap();
+        assert!(c.tls.is_some(), "rediss-sentinel:// is TLS");
+        match c.server {
+            ServerConfig::Sentinel {
+                username, password, ..
+            } => assert_eq!((username, password), (None, None)),
+            other => panic!("not a sentinel config: {other:?}"),
+        }
+        assert_eq!((c.username, c.password), (None, None));
+    }
+
+    #[test]
+    fn other_urls_stay_fred_urls() {
+        let c = fred_config(&settings("redis://127.0.0.1:6390/2")).unwrap();
+        assert_eq!(c.server, ServerConfig::new_centralized("127.0.0.1", 6390));
+        assert_eq!(c.database, Some(2));
+        let c = fred_config(&settings(
+            "redis-cluster://127.0.0.1:7001?node=127.0.0.1:7002",
+        ))
+        .unwrap();
+        assert!(c.server.is_clustered());
+        let e = fred_config(&settings("redis-sentinel://h:x/svc")).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Config, "{e}");
     }
 }

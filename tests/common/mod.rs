@@ -5,5 +5,6 @@
 pub mod contract;
 pub mod kafka;
 pub mod redis;
+pub mod replication;
 pub mod service;
 pub mod workload;

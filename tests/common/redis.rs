@@ -48,6 +48,10 @@ pub fn settings(url: &str, prefix: &str) -> RedisSettings {
         record_ttl_secs: 2_592_000,
         refund_ttl_secs: 604_800,
         slow_script_ms: 1_000,
+        sentinel_username: String::new(),
+        sentinel_password: String::new(),
+        wait_replicas: 0,
+        wait_timeout_ms: 1_000,
     }
 }
 

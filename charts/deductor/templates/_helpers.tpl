@@ -75,7 +75,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "deductor.secretName" -}}
 {{- if .Values.secret.existingSecret }}
 {{- .Values.secret.existingSecret }}
-{{- else if or .Values.secret.redisPassword .Values.secret.kafkaSaslPassword }}
+{{- else if or .Values.secret.redisPassword .Values.secret.kafkaSaslPassword .Values.secret.sentinelPassword }}
 {{- include "deductor.fullname" . }}
 {{- end }}
 {{- end }}
@@ -137,6 +137,19 @@ integers; librdkafka properties are always strings.
 {{- $http := default dict $cfg.http }}
 {{- $_ := set $http "listen" (printf "0.0.0.0:%d" (int64 .Values.httpPort)) }}
 {{- $_ := set $cfg "http" $http }}
+{{- $sentinel := (default dict (default dict .Values.redis).sentinel) }}
+{{- if $sentinel.enabled }}
+{{- if not $sentinel.hosts }}
+{{- fail "redis.sentinel.enabled needs redis.sentinel.hosts: the sentinels' host:port, e.g. [\"redis.redis.svc:26379\"]" }}
+{{- end }}
+{{- $redis := default dict $cfg.redis }}
+{{- $scheme := ternary "rediss-sentinel" "redis-sentinel" (default false $sentinel.tls) }}
+{{- $_ := set $redis "url" (printf "%s://%s/%s" $scheme (join "," $sentinel.hosts) (default "mymaster" $sentinel.masterSet)) }}
+{{- with $sentinel.username }}
+{{- $_ := set $redis "sentinel_username" . }}
+{{- end }}
+{{- $_ := set $cfg "redis" $redis }}
+{{- end }}
 # Rendered by the deductor Helm chart from .Values.config; keys as in
 # config/default.toml. Secrets come from the environment, never from here.
 {{- range $section := keys $cfg | sortAlpha }}
@@ -235,6 +248,15 @@ integers; librdkafka properties are always strings.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* No *_file setting for the sentinels' password: always from the Secret. */}}
+{{- with $keys.sentinelPassword }}
+- name: DEDUCTOR_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ . }}
+      optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
@@ -254,6 +276,9 @@ redisPassword: {{ $s.keys.redisPassword | quote }}
 {{- if and (or $s.existingSecret $s.kafkaSaslPassword) $s.keys.kafkaSaslPassword }}
 kafkaSaslPassword: {{ $s.keys.kafkaSaslPassword | quote }}
 {{- end }}
+{{- if and (or $s.existingSecret $s.sentinelPassword) $s.keys.sentinelPassword }}
+sentinelPassword: {{ $s.keys.sentinelPassword | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Where secret.mountAsFiles mounts the Secret. */}}
@@ -270,7 +295,8 @@ kafkaSaslPassword: {{ $s.keys.kafkaSaslPassword | quote }}
   emptyDir:
     sizeLimit: 16Mi
 {{- $secret := include "deductor.secretName" . }}
-{{- $keys := include "deductor.secretKeys" . | fromYaml }}
+{{- /* The sentinels' password stays an environment variable (no *_file setting). */}}
+{{- $keys := omit (include "deductor.secretKeys" . | fromYaml) "sentinelPassword" }}
 {{- if and .Values.secret.mountAsFiles $secret $keys }}
 - name: secrets
   secret:

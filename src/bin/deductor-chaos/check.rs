@@ -914,6 +914,10 @@ pub fn redis_settings(url: &str, prefix: &str) -> RedisSettings {
         record_ttl_secs: 2_592_000,
         refund_ttl_secs: 604_800,
         slow_script_ms: 10_000,
+        sentinel_username: String::new(),
+        sentinel_password: String::new(),
+        wait_replicas: 0,
+        wait_timeout_ms: 1_000,
     }
 }
 

@@ -1,0 +1,167 @@
+//! The durability gate (`redis.wait_replicas`): an event is done only when
+//! Redis `WAIT` says enough replicas have every write of its scripts.
+//!
+//! Replication is asynchronous: a write the primary acknowledged can be
+//! missing from the replica a failover promotes, and the offset committed
+//! after it would make that deduction vanish (oversell, refunds without a
+//! record). `WAIT N timeout` blocks until N replicas acknowledged every
+//! earlier write *of the same connection*; the ledger sends all of an
+//! order's commands over one pooled connection ([`Ledger::connection`]), so
+//! one `WAIT` there after the scripts covers the whole event (and any event
+//! pipelined before it on that connection). On a Cluster the writes of a
+//! line go to the node of its promotion's slot, so one `WAIT` goes to each
+//! node the event wrote to, routed by that slot.
+//!
+//! Two cases are not confirmations, and are retried like a Redis outage (the
+//! event is never skipped and never committed; rerunning its scripts is
+//! harmless, the records make them idempotent):
+//! - a short count (fewer than N replicas within `redis.wait_timeout_ms`);
+//! - a connection that changed between the event's first command and the
+//!   `WAIT` (a reconnect, e.g. to a newly promoted primary): a `WAIT` on a
+//!   fresh connection covers none of the writes made on the old one, so its
+//!   count would prove nothing.
+//!
+//! Not covered: writes an *earlier attempt* made on another connection and
+//! that a retry finds already present (it writes nothing then): the retry's
+//! `WAIT` confirms only what its own connection wrote. That needs a second
+//! failover within the replication lag of the first to lose anything.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use fred::prelude::{
+    ClientInterface, ClientLike, ClusterInterface, Options, Server, ServerInterface,
+};
+use fred::types::ClusterHash;
+
+use super::{Ledger, LedgerError};
+use crate::domain::event::Id;
+
+/// Taken before an event's first command: which connection (per server,
+/// by `CLIENT ID`) the order's commands go over. `None` when the gate is off.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    order: Id,
+    connections: HashMap<Server, i64>,
+}
+
+impl Ledger {
+    /// Warns when the gate is on but cannot see reconnects: fred learns a
+    /// connection's `CLIENT ID` at connect and carries on without it when
+    /// refused (an ACL user without `+client|id`).
+    pub(crate) fn check_gate(&self) {
+        if self.shared.wait_replicas > 0
+            && self
+                .pool
+                .clients()
+                .iter()
+                .any(|c| c.connection_ids().is_empty())
+        {
+            tracing::warn!(
+                "redis.wait_replicas is on but CLIENT ID is refused: the durability gate cannot \
+                 tell a reconnect (e.g. to a new primary) from the connection that wrote; \
+                 grant the Redis user +client|id (docs/operations.md)"
+            );
+        }
+    }
+
+    /// Opens the gate for one event of `order` (before its first command).
+    pub(crate) fn gate(&self, order: &Id) -> Option<Gate> {
+        (self.shared.wait_replicas > 0).then(|| Gate {
+            order: order.clone(),
+            connections: self.connection(order).connection_ids(),
+        })
+    }
+
+    /// Returns once `redis.wait_replicas` replicas have every write the
+    /// event made on the nodes of `promotions`; else a retryable
+    /// [`LedgerError::NotDurable`]. A no-op when the gate is off.
+    pub(crate) async fn durable<'a>(
+        &self,
+        gate: Option<Gate>,
+        promotions: impl IntoIterator<Item = &'a Id>,
+    ) -> Result<(), LedgerError> {
+        let Some(gate) = gate else {
+            return Ok(());
+        };
+        let client = self.connection(&gate.order);
+        let wanted = i64::from(self.shared.wait_replicas);
+        let timeout_ms = self.shared.wait_timeout.as_millis() as i64;
+        let options = |slot: Option<u16>| Options {
+            cluster_hash: slot.map(ClusterHash::Custom),
+            // The reply may take the whole WAIT timeout, then the usual.
+            timeout: Some(self.shared.wait_timeout + self.shared.command_timeout),
+            // Resent after a reconnect it would cover nothing: fail instead.
+            max_attempts: Some(1),
+            ..Options::default()
+        };
+        let start = Instant::now();
+        let waits = wait_slots(client, self, promotions)
+            .into_iter()
+            .map(|slot| {
+                let client = client.with_options(&options(slot));
+                async move { client.wait::<i64>(wanted, timeout_ms).await }
+            });
+        let replies = futures::future::join_all(waits).await;
+        crate::metrics::redis_wait(start.elapsed().as_secs_f64());
+        let mut acked = i64::MAX;
+        for reply in replies {
+            acked = acked.min(reply.map_err(|e| LedgerError::redis("wait", e))?);
+        }
+        let problem = if acked < wanted {
+            Some(format!(
+                "{acked} of {wanted} replicas have the event's writes after {timeout_ms} ms \
+                 (redis.wait_replicas); the event is retried"
+            ))
+        } else if client.connection_ids() != gate.connections {
+            Some(
+                "the connection changed under the event (a reconnect or failover), so WAIT \
+                 cannot vouch for its writes; the event is retried"
+                    .to_owned(),
+            )
+        } else {
+            None
+        };
+        match problem {
+            None => Ok(()),
+            Some(detail) => {
+                crate::metrics::redis_wait_shortfall();
+                tracing::warn!(order = %gate.order, detail, "durability gate: not confirmed");
+                Err(LedgerError::not_durable(detail))
+            }
+        }
+    }
+}
+
+/// Where the `WAIT`s go: on a Cluster one slot per node the promotions'
+/// keys live on (`Some(slot)` routes the `WAIT` like a key of that slot);
+/// elsewhere one `WAIT` on the connection (`None`).
+fn wait_slots<'a>(
+    client: &fred::prelude::Client,
+    ledger: &Ledger,
+    promotions: impl IntoIterator<Item = &'a Id>,
+) -> Vec<Option<u16>> {
+    if !client.is_clustered() {
+        return vec![None];
+    }
+    let routing = client.cached_cluster_state();
+    let mut nodes = BTreeSet::new();
+    let mut slots = Vec::new();
+    for p in promotions {
+        let slot = fred::util::redis_keyslot(ledger.keys().promotion(p).as_bytes());
+        // Unknown routing (being refreshed): one WAIT per slot is still right.
+        let node = routing
+            .as_ref()
+            .and_then(|r| r.get_server(slot))
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| format!("slot {slot}"));
+        if nodes.insert(node) {
+            slots.push(Some(slot));
+        }
+    }
+    if slots.is_empty() {
+        // No line (cannot happen for a parsed event): nothing was written.
+        return Vec::new();
+    }
+    slots
+}

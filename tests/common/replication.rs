@@ -1,0 +1,535 @@
+//! Replicated Redis owned by one test: a primary, its replica and (for
+//! Sentinel) three sentinels, as child processes on free loopback ports in a
+//! temporary directory, killed when dropped. Failover tests kill and stop
+//! these processes, so they never touch the shared dev stack.
+//!
+//! The replica reaches its primary through [`LinkProxy`], which can stall
+//! the replication stream (the bytes stay unsent, as on a congested or
+//! partitioned link) and then cut it so that they are never delivered.
+//! Sentinel monitors the primary at the proxy's address too: a replica
+//! whose master address differed from the monitored one would be "fixed"
+//! by Sentinel and bypass the proxy.
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub const SERVICE: &str = "deductor";
+
+/// A port nothing listens on right now (the OS picks it).
+pub fn free_port() -> u16 {
+    let l = StdListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One redis-server (or sentinel) child; SIGKILLed when dropped.
+pub struct Proc {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// `kill -9`: no shutdown, no last fsync beyond what `appendfsync always` did.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if self.pid() > 0 {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(self.pid(), sig);
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.kill9();
+    }
+}
+
+/// `redis-cli -p PORT ARGS...` (stdout, trimmed); empty when it fails.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// `INFO replication` field of the node on `port`.
+pub fn repl_field(port: u16, field: &str) -> String {
+    let info = cli(port, &["INFO", "replication"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+/// Polls `check` every 100 ms for up to `secs` seconds; panics with `what`.
+pub async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {secs}s: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts a data node (AOF, `appendfsync always`) with `extra` config args.
+pub fn redis(dir: &Path, port: u16, extra: &[&str]) -> Proc {
+    let dir = dir.join(format!("redis-{port}"));
+    std::fs::create_dir_all(&dir).expect("node dir");
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--logfile",
+        "redis.log",
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--busy-reply-threshold",
+        "5000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let child = Command::new("redis-server")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/install-deps)");
+    Proc {
+        port,
+        child: Some(child),
+    }
+}
+
+async fn wait_ping(port: u16) {
+    eventually(20, &format!("redis on {port} answers PING"), || {
+        cli(port, &["PING"]).ends_with("PONG") || cli(port, &["PING"]).contains("NOAUTH")
+    })
+    .await;
+}
+
+/// What the replication link does with the primary's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Flowing,
+    /// Held: not read from the primary (so never acknowledged by the replica).
+    Stalled,
+    /// Closed without delivering what was held.
+    Cut,
+}
+
+/// A TCP proxy in front of the primary. Connections whose client sent
+/// `PSYNC`/`SYNC` (a replica) obey [`Link`]; the others always flow.
+pub struct LinkProxy {
+    pub port: u16,
+    state: watch::Sender<Link>,
+}
+
+impl LinkProxy {
+    pub async fn start(target: u16) -> LinkProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
+        let port = listener.local_addr().expect("proxy addr").port();
+        let (state, rx) = watch::channel(Link::Flowing);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    relay(client, server, rx).await;
+                });
+            }
+        });
+        LinkProxy { port, state }
+    }
+
+    pub fn set(&self, link: Link) {
+        let _ = self.state.send(link);
+    }
+}
+
+async fn relay(client: TcpStream, server: TcpStream, mut rx: watch::Receiver<Link>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut c_rd, mut c_wr) = client.into_split();
+    let (mut s_rd, mut s_wr) = server.into_split();
+    let replica = Arc::new(AtomicBool::new(false));
+    let is_replica = replica.clone();
+    let upstream = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match c_rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if chunk.windows(4).any(|w| w == b"SYNC") {
+                is_replica.store(true, Ordering::SeqCst);
+            }
+            if s_wr.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let link = *rx.borrow_and_update();
+        if replica.load(Ordering::SeqCst) {
+            match link {
+                Link::Cut => break,
+                Link::Stalled => {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Link::Flowing => {}
+            }
+        }
+        tokio::select! {
+            r = s_rd.read(&mut buf) => {
+                let n = match r {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if c_wr.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    upstream.abort();
+}
+
+/// A primary (behind a [`LinkProxy`]) and one replica, optionally watched by
+/// three sentinels (quorum 2, down after 1 s).
+pub struct Replicated {
+    pub dir: tempfile::TempDir,
+    pub primary: Proc,
+    pub replica: Proc,
+    pub sentinels: Vec<Proc>,
+    pub proxy: LinkProxy,
+    pub password: Option<String>,
+}
+
+impl Replicated {
+    /// `sentinel_password`: the sentinels require it (`requirepass`);
+    /// `password`: the data nodes require it.
+    pub async fn start(
+        with_sentinels: bool,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+    ) -> Replicated {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (p_port, r_port) = (free_port(), free_port());
+        let auth: Vec<String> = match password {
+            Some(pw) => vec![
+                "--requirepass".into(),
+                pw.into(),
+                "--masterauth".into(),
+                pw.into(),
+            ],
+            None => vec![],
+        };
+        let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+        let primary = redis(dir.path(), p_port, &auth);
+        wait_ping(p_port).await;
+        let proxy = LinkProxy::start(p_port).await;
+        let proxy_port = proxy.port.to_string();
+        let mut extra = vec!["--replicaof", "127.0.0.1", &proxy_port];
+        extra.extend(&auth);
+        let replica = redis(dir.path(), r_port, &extra);
+        wait_ping(r_port).await;
+        let mut set = Replicated {
+            dir,
+            primary,
+            replica,
+            sentinels: Vec::new(),
+            proxy,
+            password: password.map(str::to_owned),
+        };
+        set.wait_in_sync(r_port).await;
+        if with_sentinels {
+            for _ in 0..3 {
+                let s = set.sentinel(sentinel_password);
+                set.sentinels.push(s);
+            }
+            let sentinel = set.sentinels[0].port;
+            let spw = sentinel_password.map(str::to_owned);
+            let asks = move |args: &[&str]| {
+                let mut all: Vec<&str> = Vec::new();
+                if let Some(pw) = &spw {
+                    all.extend(["-a", pw.as_str(), "--no-auth-warning"]);
+                }
+                all.extend(args);
+                cli(sentinel, &all)
+            };
+            eventually(90, "the sentinels know the replica and each other", || {
+                let master = asks(&["SENTINEL", "MASTER", SERVICE]);
+                let field = |name: &str| {
+                    let mut lines = master.lines();
+                    while let Some(l) = lines.next() {
+                        if l == name {
+                            return lines.next().unwrap_or("").to_owned();
+                        }
+                    }
+                    String::new()
+                };
+                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+            })
+            .await;
+        }
+        set
+    }
+
+    fn sentinel(&self, password: Option<&str>) -> Proc {
+        let port = free_port();
+        let dir = self.dir.path().join(format!("sentinel-{port}"));
+        std::fs::create_dir_all(&dir).expect("sentinel dir");
+        let conf = dir.join("sentinel.conf");
+        let mut text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
+             sentinel down-after-milliseconds {SERVICE} 1000\n\
+             sentinel failover-timeout {SERVICE} 3000\n\
+             sentinel parallel-syncs {SERVICE} 1\n",
+            dir.display(),
+            self.proxy.port
+        );
+        if let Some(pw) = &self.password {
+            text.push_str(&format!("sentinel auth-pass {SERVICE} {pw}\n"));
+        }
+        if let Some(pw) = password {
+            text.push_str(&format!("requirepass {pw}\n"));
+        }
+        std::fs::write(&conf, text).expect("sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        Proc {
+            port,
+            child: Some(child),
+        }
+    }
+
+    /// `redis-sentinel://` url of the sentinels.
+    pub fn sentinel_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis-sentinel://{}/{SERVICE}", hosts.join(","))
+    }
+
+    /// The primary's address for a direct client: the proxy (which the
+    /// replica also uses).
+    pub fn primary_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.proxy.port)
+    }
+
+    fn auth_args(&self) -> Vec<String> {
+        match &self.password {
+            Some(pw) => vec!["-a".into(), pw.clone(), "--no-auth-warning".into()],
+            None => vec![],
+        }
+    }
+
+    /// `redis-cli` on a data node, with its password.
+    pub fn node_cli(&self, port: u16, args: &[&str]) -> String {
+        let auth = self.auth_args();
+        let mut all: Vec<&str> = auth.iter().map(String::as_str).collect();
+        all.extend(args);
+        cli(port, &all)
+    }
+
+    /// Until the node on `port` is a replica whose link is up and whose
+    /// offset reached its primary's.
+    pub async fn wait_in_sync(&self, port: u16) {
+        let auth = self.auth_args();
+        eventually(90, &format!("replica {port} in sync"), || {
+            let mut all: Vec<&str> = auth.iter().map(String::as_str).collect();
+            all.extend(["INFO", "replication"]);
+            let info = cli(port, &all);
+            info.contains("master_link_status:up")
+        })
+        .await;
+    }
+
+    /// The port the sentinels name as primary now ("" when none answers).
+    pub fn sentinel_primary(&self, sentinel_password: Option<&str>) -> String {
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(pw) = sentinel_password {
+            args.extend(["-a", pw, "--no-auth-warning"]);
+        }
+        args.extend(["SENTINEL", "get-master-addr-by-name", SERVICE]);
+        for s in &self.sentinels {
+            let out = cli(s.port, &args);
+            if let Some(port) = out.lines().nth(1) {
+                return port.trim().to_owned();
+            }
+        }
+        String::new()
+    }
+
+    /// Starts the killed primary again on its port as a replica of `of`
+    /// (what Sentinel would make it), and waits until it is in sync.
+    pub async fn restart_old_primary_as_replica_of(&mut self, of: u16) {
+        let port = self.primary.port;
+        let of = of.to_string();
+        let auth: Vec<String> = match &self.password {
+            Some(pw) => vec![
+                "--requirepass".into(),
+                pw.clone(),
+                "--masterauth".into(),
+                pw.clone(),
+            ],
+            None => vec![],
+        };
+        let mut extra = vec!["--replicaof", "127.0.0.1", &of];
+        extra.extend(auth.iter().map(String::as_str));
+        self.primary = redis(self.dir.path(), port, &extra);
+        wait_ping(port).await;
+        self.wait_in_sync(port).await;
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+}
+
+/// A port free for a Redis Cluster node: it and its bus port (+10000).
+fn free_cluster_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p < 55_000 && StdListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// A Redis Cluster of three primaries with one replica each.
+pub struct ReplicatedCluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Proc>,
+}
+
+impl ReplicatedCluster {
+    pub async fn start() -> ReplicatedCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let port = free_cluster_port();
+            nodes.push(redis(
+                dir.path(),
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            ));
+            wait_ping(port).await;
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let c = ReplicatedCluster { dir, nodes };
+        let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+        eventually(90, "cluster ok with 3 replicas in sync", || {
+            ports
+                .iter()
+                .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                && ports
+                    .iter()
+                    .filter(|p| repl_field(**p, "master_link_status") == "up")
+                    .count()
+                    == 3
+        })
+        .await;
+        c
+    }
+
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes[1..]
+            .iter()
+            .map(|n| format!("node=127.0.0.1:{}", n.port))
+            .collect();
+        format!(
+            "redis-cluster://127.0.0.1:{}?{}",
+            self.nodes[0].port,
+            nodes.join("&")
+        )
+    }
+
+    /// The replica node of the primary on `primary`.
+    pub fn replica_of(&self, primary: u16) -> &Proc {
+        let port: u16 = repl_field(primary, "slave0")
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("port="))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("primary {primary} has no replica"));
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("the replica is ours")
+    }
+}
