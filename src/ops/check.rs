@@ -222,6 +222,15 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     Ok(KafkaFacts { topics, offsets })
 }
 
+/// The group coordinator is being elected or loaded: ask again.
+fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::NotCoordinator | C::CoordinatorLoadInProgress | C::CoordinatorNotAvailable)
+    )
+}
+
 /// The input partitions the group has no committed offset on, with the
 /// records each holds.
 fn uncommitted(
@@ -233,9 +242,22 @@ fn uncommitted(
     for p in partitions {
         tpl.add_partition(&k.input_topic, *p);
     }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .map_err(|e| format!("committed offsets of group {}: {e}", k.group_id))?;
+    // A broker that just started (or a group whose coordinator moves) answers
+    // "not coordinator" / "coordinator loading" for a few seconds: transient,
+    // so ask again for up to ~10 s before giving up on the question.
+    let mut attempt = 0;
+    let committed = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Err(e) if attempt < 20 && coordinator_moving(&e) => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            other => {
+                break other
+                    .map_err(|e| format!("committed offsets of group {}: {e}", k.group_id))?
+            }
+        }
+    };
     let mut out = Vec::new();
     for e in committed.elements_for_topic(&k.input_topic) {
         if matches!(e.offset(), Offset::Offset(_)) {
@@ -466,6 +488,25 @@ fn durability_problems(info: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_moving_coordinator_is_asked_again() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode as C;
+        for code in [
+            C::NotCoordinator,
+            C::CoordinatorLoadInProgress,
+            C::CoordinatorNotAvailable,
+        ] {
+            assert!(
+                super::coordinator_moving(&KafkaError::MetadataFetch(code)),
+                "{code:?}"
+            );
+        }
+        assert!(!super::coordinator_moving(&KafkaError::MetadataFetch(
+            C::GroupAuthorizationFailed
+        )));
+    }
+
     use super::*;
 
     #[test]
