@@ -88,6 +88,8 @@ pub struct RedisSettings {
     /// the data nodes' are `username` / `password`.
     pub sentinel_username: String,
     pub sentinel_password: String,
+    /// A file holding `sentinel_password` (a mounted Secret), read at load.
+    pub sentinel_password_file: String,
     /// The durability gate: an event is done only when `WAIT` says this many
     /// replicas have its writes (0 = off).
     pub wait_replicas: u32,
@@ -212,6 +214,7 @@ impl fmt::Debug for RedisSettings {
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("key_prefix", &self.key_prefix)
             .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password_file", &self.sentinel_password_file)
             .field(
                 "sentinel_password",
                 &if self.sentinel_password.is_empty() {
@@ -293,7 +296,8 @@ impl Settings {
     }
 
     /// Reads the `*_file` settings into the secrets they stand for:
-    /// `redis.password_file` -> `redis.password`, `kafka.sasl_password_file`
+    /// `redis.password_file` -> `redis.password`,
+    /// `redis.sentinel_password_file` -> `redis.sentinel_password`, `kafka.sasl_password_file`
     /// -> `sasl.password` of the consumer and the producer. A secret mounted
     /// as a file stays out of the environment (and of `ps e`, crash dumps and
     /// `kubectl describe`). Each is exclusive with the inline value: with
@@ -309,6 +313,19 @@ impl Settings {
                 });
             }
             self.redis.password = read_secret("redis.password_file", &self.redis.password_file)?;
+        }
+        if !self.redis.sentinel_password_file.is_empty() {
+            if !self.redis.sentinel_password.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "redis.sentinel_password_file",
+                    problem: "is set together with redis.sentinel_password".into(),
+                    fix: "set only one of them: the file for a mounted secret, the value otherwise",
+                });
+            }
+            self.redis.sentinel_password = read_secret(
+                "redis.sentinel_password_file",
+                &self.redis.sentinel_password_file,
+            )?;
         }
         let k = &mut self.kafka;
         if !k.sasl_password_file.is_empty() {
@@ -963,6 +980,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tracing.otlp_endpoint"), "{e}");
+    }
+
+    #[test]
+    fn the_sentinels_password_is_read_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("sentinel");
+        std::fs::write(&f, "s3cret\n").unwrap();
+        let path = f.to_string_lossy().into_owned();
+        let url = ("redis.url", "redis-sentinel://127.0.0.1:26379/mymaster");
+        let s = load(&[], &[url, ("redis.sentinel_password_file", path.as_str())]).unwrap();
+        assert_eq!(s.redis.sentinel_password, "s3cret");
+        let e = load(
+            &[],
+            &[
+                url,
+                ("redis.sentinel_password_file", path.as_str()),
+                ("redis.sentinel_password", "inline"),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("redis.sentinel_password_file"), "{e}");
     }
 
     #[test]

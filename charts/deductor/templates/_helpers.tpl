@@ -227,9 +227,21 @@ integers; librdkafka properties are always strings.
 - name: DEDUCTOR_KAFKA_SASL_PASSWORD_FILE
   value: {{ printf "%s/%s" (include "deductor.secretDir" $) . }}
 {{- end }}
+{{- with $keys.sentinelPassword }}
+- name: DEDUCTOR_REDIS_SENTINEL_PASSWORD_FILE
+  value: {{ printf "%s/%s" (include "deductor.secretDir" $) . }}
+{{- end }}
 {{- else }}
 {{- with $keys.redisPassword }}
 - name: DEDUCTOR_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ . }}
+      optional: {{ ternary "true" "false" (not (empty $existing)) }}
+{{- end }}
+{{- with $keys.sentinelPassword }}
+- name: DEDUCTOR_REDIS_SENTINEL_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $secret }}
@@ -247,15 +259,6 @@ integers; librdkafka properties are always strings.
       optional: {{ ternary "true" "false" (not (empty $existing)) }}
 {{- end }}
 {{- end }}
-{{- end }}
-{{- /* No *_file setting for the sentinels' password: always from the Secret. */}}
-{{- with $keys.sentinelPassword }}
-- name: DEDUCTOR_REDIS_SENTINEL_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret }}
-      key: {{ . }}
-      optional: {{ ternary "true" "false" (not (empty $existing)) }}
 {{- end }}
 {{- end }}
 {{- with .Values.extraEnv }}
@@ -295,8 +298,7 @@ sentinelPassword: {{ $s.keys.sentinelPassword | quote }}
   emptyDir:
     sizeLimit: 16Mi
 {{- $secret := include "deductor.secretName" . }}
-{{- /* The sentinels' password stays an environment variable (no *_file setting). */}}
-{{- $keys := omit (include "deductor.secretKeys" . | fromYaml) "sentinelPassword" }}
+{{- $keys := include "deductor.secretKeys" . | fromYaml }}
 {{- if and .Values.secret.mountAsFiles $secret $keys }}
 - name: secrets
   secret:

@@ -916,6 +916,7 @@ pub fn redis_settings(url: &str, prefix: &str) -> RedisSettings {
         slow_script_ms: 10_000,
         sentinel_username: String::new(),
         sentinel_password: String::new(),
+        sentinel_password_file: String::new(),
         wait_replicas: 0,
         wait_timeout_ms: 1_000,
     }
