@@ -85,12 +85,7 @@ local function main()
 
   -- Read and validate everything else before deciding. Corrupt data is a decision
   -- too: it is remembered under the memo, so that every delivery of E repeats it.
-  local function guarded(read)
-    local ok, err = pcall(read)
-    if ok then return end
-    if is_corrupt(err) then redis.call('SET', k_memo, CORRUPT_REASON, 'EX', refund_ttl) end
-    error(err, 0)
-  end
+  local function guarded(read) remembering_corrupt(k_memo, CORRUPT_REASON, refund_ttl, read) end
   local promo, used, rec
   guarded(function() rec = read_record(k_record) end)
 

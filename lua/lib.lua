@@ -189,6 +189,16 @@ local function lenient(read, key)
   error(res, 0)
 end
 
+-- Runs read(); when it fails on corrupt data, `value` is first stored under the
+-- event's memo `key` (TTL `ttl`), so that every delivery of the event repeats the
+-- rejection (the memo is the only write; docs/contract.md section 2).
+local function remembering_corrupt(key, value, ttl, read)
+  local ok, err = pcall(read)
+  if ok then return end
+  if is_corrupt(err) then redis.call('SET', key, value, 'EX', ttl) end
+  error(err, 0)
+end
+
 -- Runs a script's main(): its reply, or the error reply of a fail().
 local function run(main)
   local ok, res = pcall(main)

@@ -81,12 +81,7 @@ local function main()
   end
   -- Corrupt data is a decision too: remembered under the memo key (TTL refund_ttl),
   -- so that every delivery of E repeats it even after the data is repaired.
-  local function guarded(read)
-    local ok, err = pcall(read)
-    if ok then return end
-    if is_corrupt(err) then redis.call('SET', k_memo, 'rejected ' .. CORRUPT_REASON, 'EX', refund_ttl) end
-    error(err, 0)
-  end
+  local function guarded(read) remembering_corrupt(k_memo, 'rejected ' .. CORRUPT_REASON, refund_ttl, read) end
   local rec, stored, promo, used
   guarded(function()
     rec = read_record(k_record)
