@@ -32,6 +32,16 @@ impl Script {
         } else {
             body
         };
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: corrupt data is not remembered.
+        let body = if crate::pipeline::mutant("forget-corrupt") {
+            assert!(
+                body.contains(REMEMBER_CORRUPT),
+                "forget-corrupt: lib.lua changed"
+            );
+            String::leak(body.replace(REMEMBER_CORRUPT, ""))
+        } else {
+            body
+        };
         Script {
             name,
             body,
@@ -45,6 +55,14 @@ impl Script {
 #[cfg(feature = "mutants")]
 const DOUBLE_DEDUCT: &str =
     "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
+
+/// TEST-ONLY (feature `mutants`): the line of lua/lib.lua's
+/// `remembering_corrupt` that stores the memo; without it, corrupt data is
+/// forgotten as before the fix of issue 10 item 1, and a redelivery after the
+/// data is repaired decides afresh.
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const REMEMBER_CORRUPT: &str =
+    "if is_corrupt(err) then redis.call('SET', key, value, 'EX', ttl) end";
 
 /// A script of `lua/` with `lua/lib.lua` (the shared helpers) in front:
 /// Redis scripts cannot load one another.
@@ -246,6 +264,13 @@ pub(crate) fn decode_memo(reply: Value) -> Result<Option<Reason>, LedgerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The forget-corrupt mutant removes this line; if lib.lua changes, the
+    /// mutant would silently be the real build.
+    #[test]
+    fn the_forget_corrupt_mutant_finds_its_line() {
+        assert!(include_str!("../../lua/lib.lua").contains(REMEMBER_CORRUPT));
+    }
 
     fn s(v: &str) -> Value {
         Value::String(v.into())

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::kafka::{self, Read};
 use crate::model::{self, LineState, Order};
+use crate::operator;
 use crate::workload::{read_marker, Promo};
 
 /// Where a run's data lives (`run.json`), so a run can be checked again.
@@ -130,6 +131,9 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
 
     let mut f = Figures::default();
     let mut ev = Evidence::default();
+    // The operator faults' changes: what they allow, and each promotion's
+    // initial amounts in its current incarnation.
+    let fx = operator::effects(promos, &operator::load(dir)?);
     let promos: HashMap<String, Promo> = promos.iter().map(|p| (p.id.clone(), p.clone())).collect();
 
     let inputs: Vec<Input> = inputs
@@ -440,9 +444,9 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
             };
             let v = &parsed_outcomes[k];
             let problem = match e {
-                Event::Placed(p) => order.place(p, v, &promos).err(),
+                Event::Placed(p) => order.place(p, v, &promos, &fx).err(),
                 Event::Refunded(r) => {
-                    let want = order.refund(r);
+                    let want = order.refund(r, v, &fx);
                     let got = model::signature(v);
                     (want != got).then(|| format!("refund expected {want}, got {got}"))
                 }
@@ -525,8 +529,10 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
         .into_iter()
         .collect::<Result<_, _>>()?;
     let mut record_mismatch = 0;
+    let mut lost_deductions = 0;
     let mut outstanding_redis: HashMap<String, (i64, i64)> = HashMap::new();
     let mut outstanding_model: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut outstanding_by_gen: HashMap<(String, Option<String>), (i64, i64)> = HashMap::new();
     let mut held: HashMap<(String, String), i64> = HashMap::new(); // (promotion, customer)
     let mut accepted_by_outcomes: HashMap<String, (i64, i64)> = HashMap::new();
     for ((o, p), h) in &fetched {
@@ -577,6 +583,16 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
                 })
                 .collect()
         });
+        if got.is_none()
+            && matches!(
+                st,
+                LineState::Held { .. } | LineState::Reverted { event: Some(_), .. }
+            )
+        {
+            // An accepted deduction the outcome topic announced, gone from
+            // Redis (what an ungated failover to a lagging replica does).
+            lost_deductions += 1;
+        }
         if expect != got {
             record_mismatch += 1;
             ev.add(
@@ -586,6 +602,13 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
         }
         if get("state").as_deref() == Some("deducted") {
             let e = outstanding_redis.entry(p.clone()).or_default();
+            e.0 += num("budget");
+            e.1 += num("stock");
+            // Per incarnation: a forced re-seed forgets what the records of
+            // the old one hold.
+            let e = outstanding_by_gen
+                .entry((p.clone(), get("gen")))
+                .or_default();
             e.0 += num("budget");
             e.1 += num("stock");
             *held
@@ -654,12 +677,13 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
         let pid = Id::parse(&promo.id).map_err(|e| anyhow::anyhow!("{e}"))?;
         let h: HashMap<String, String> = pool.hgetall(keys.promotion(&pid)).await?;
         let int = |k: &str| h.get(k).and_then(|v| v.parse::<i64>().ok());
+        let current = outstanding_by_gen
+            .get(&(promo.id.clone(), h.get("gen").cloned()))
+            .copied()
+            .unwrap_or_default();
         let mut row = LedgerRow {
             promotion: promo.id.clone(),
-            initial: (
-                promo.budget.map(|x| x as i64),
-                promo.stock.map(|x| x as i64),
-            ),
+            initial: fx.initial.get(&promo.id).copied().unwrap_or((None, None)),
             remaining: (int("budget"), int("stock")),
             records: outstanding_redis
                 .get(&promo.id)
@@ -688,12 +712,13 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
                 problems.push("an unseeded promotion exists".to_owned());
             }
         } else {
-            for (name, init, rem, rec, model, out) in [
+            for (name, init, rem, rec, cur, model, out) in [
                 (
                     "budget",
                     row.initial.0,
                     row.remaining.0,
                     row.records.0,
+                    current.0,
                     m.0,
                     row.by_outcomes.0,
                 ),
@@ -702,6 +727,7 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
                     row.initial.1,
                     row.remaining.1,
                     row.records.1,
+                    current.1,
                     m.1,
                     row.by_outcomes.1,
                 ),
@@ -710,9 +736,16 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
                     negative += 1;
                     problems.push(format!("{name} remaining {rem:?} < 0"));
                 }
+                if let (Some(i), Some(x)) = (init, rem) {
+                    if x > i {
+                        problems.push(format!("{name} remaining {x} > initial {i}"));
+                    }
+                }
+                // All records (every incarnation) against the model and the
+                // outcomes; the current incarnation's against the promotion.
                 match (init, rem) {
-                    (Some(i), Some(x)) if i - x != rec || rec != model || rec != out => {
-                        problems.push(format!("{name}: initial {i} - remaining {x} = {}, records {rec}, model {model}, outcomes {out}", i - x))
+                    (Some(i), Some(x)) if i - x != cur || rec != model || rec != out => {
+                        problems.push(format!("{name}: initial {i} - remaining {x} = {}, records of this incarnation {cur} (all {rec}), model {model}, outcomes {out}", i - x))
                     }
                     (None, None) if rec != model || rec != out => {
                         problems.push(format!("{name}: records {rec}, model {model}, outcomes {out}"))
@@ -862,6 +895,11 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
     f.row(
         "records that differ from the outcomes",
         record_mismatch,
+        true,
+    );
+    f.row(
+        "accepted deductions missing from Redis",
+        lost_deductions,
         true,
     );
     f.row("ledger mismatches (promotions)", ledger_mismatch, true);

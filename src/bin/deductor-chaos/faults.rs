@@ -34,6 +34,16 @@ pub enum Kind {
     /// SIGSTOP the broker, SIGKILL a consumer while its outcomes and commits
     /// are unacknowledged, SIGCONT.
     BrokerStall,
+    /// An operator changes a live promotion with `deductor promo`: pause
+    /// and resume, adjust, or a forced re-seed (in turn).
+    Operator,
+    /// A promotion's budget or stock made corrupt during a burst, a
+    /// consumer frozen with events in flight, the data repaired while it is
+    /// a zombie.
+    Corruption,
+    /// The replica's link stalled while events flow, the primary SIGKILLed,
+    /// the replica promoted by Sentinel (with --failovers only).
+    Failover,
 }
 
 /// How many of each kind.
@@ -48,9 +58,13 @@ pub struct Counts {
     pub broker_cuts: usize,
     pub redis_stalls: usize,
     pub broker_stalls: usize,
+    pub operator_changes: usize,
+    pub corruptions: usize,
+    pub failovers: usize,
 }
 
-/// Random moments in [5%, 90%] of `window`, sorted.
+/// Random moments in [5%, 90%] of `window` ([5%, 50%] for the operator
+/// faults and corruptions), sorted.
 pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, Kind)> {
     let mut out = Vec::new();
     for (n, kind) in [
@@ -63,9 +77,19 @@ pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, K
         (c.broker_cuts, Kind::BrokerCut),
         (c.redis_stalls, Kind::RedisStall),
         (c.broker_stalls, Kind::BrokerStall),
+        (c.operator_changes, Kind::Operator),
+        (c.corruptions, Kind::Corruption),
+        (c.failovers, Kind::Failover),
     ] {
+        // Faults run one at a time and the late ones slip past the end of
+        // the production; the operator faults and corruptions need events
+        // flowing to mean anything, so they come in the first half.
+        let span = match kind {
+            Kind::Operator | Kind::Corruption => 0.45,
+            _ => 0.85,
+        };
         for _ in 0..n {
-            let f = 0.05 + 0.85 * (rng.range(0, 1_000_000) as f64 / 1_000_000.0);
+            let f = 0.05 + span * (rng.range(0, 1_000_000) as f64 / 1_000_000.0);
             out.push((window.mul_f64(f), kind));
         }
     }
@@ -91,6 +115,66 @@ pub struct Env {
     pub production: Arc<crate::kafka::Production>,
     /// Longest wait for the next burst.
     pub burst_period: Duration,
+    pub operator: Arc<crate::operator::Operator>,
+    /// The replicated Redis of a run with failovers.
+    pub replicated: Option<Arc<Mutex<crate::replicated::Replicated>>>,
+}
+
+/// Corrupt data met by a zombie. A limited promotion's budget or stock is
+/// overwritten with a non-canonical value just before a burst, so the
+/// burst's lines on it are rejected `corrupt_promotion` (and remembered);
+/// 20 to 250 ms after the first such rejection (Redis's count of CORRUPT
+/// replies rises; at most 10 s), within the commit interval, a running
+/// consumer is frozen (SIGSTOP) with events decided but not committed, and the data is repaired 0.1 to 0.8 s later, while it
+/// is frozen. Its events are then redelivered to the others and run on the
+/// repaired promotion, where they must repeat the decisions already made;
+/// the zombie is thawed 2 to 5 s past the session timeout and may publish
+/// its own late outcomes.
+async fn corruption(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
+    let Some(c) = env.operator.corrupt(rng).await? else {
+        return Ok("no limited promotion: skipped".to_owned());
+    };
+    let t = Instant::now();
+    let before = c.replies().await?;
+    next_burst(env).await;
+    // Until events meet the corrupt field (Redis counts the scripts'
+    // CORRUPT replies), at most 10 s: the consumers may be rebalancing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut met = 0;
+    while Instant::now() < deadline {
+        met = c.replies().await?.saturating_sub(before);
+        if met > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Within the consumers' commit interval (500 ms): some of the events
+    // are decided and published, their offsets not yet committed.
+    pause(rng, 20, 250).await;
+    let zombie = pick_running(env, rng, Fleet::freeze).await;
+    let frozen_at = Instant::now();
+    pause(rng, 100, 800).await;
+    let met_by_repair = c.replies().await?.saturating_sub(before);
+    let what = format!(
+        "promo {} {} = {:?} for {} ms, met {met_by_repair} times ({met} before the freeze)",
+        c.promo,
+        c.field,
+        c.value,
+        t.elapsed().as_millis()
+    );
+    env.operator.repair(c).await?;
+    let Some(i) = zombie else {
+        return Ok(format!("{what}; no running consumer to freeze"));
+    };
+    let frozen = env.session_timeout + Duration::from_millis(rng.range(2_000, 5_000));
+    if let Some(left) = frozen.checked_sub(frozen_at.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    env.fleet.lock().await.thaw(i);
+    Ok(format!(
+        "{what}; consumer {i} SIGSTOPped meanwhile, SIGCONT after {} ms",
+        frozen_at.elapsed().as_millis()
+    ))
 }
 
 /// Waits for the next burst of events and a little more, so that the fault
@@ -233,7 +317,10 @@ async fn kill_oldest(env: &Env) -> Option<usize> {
 /// Does one fault; returns what was done.
 pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::Result<Done> {
     // The stalls time themselves on the next burst.
-    if !matches!(kind, Kind::RedisStall | Kind::BrokerStall) {
+    if !matches!(
+        kind,
+        Kind::RedisStall | Kind::BrokerStall | Kind::Corruption | Kind::Failover
+    ) {
         busy_moment(env, rng).await;
     }
     let at = env.started.elapsed();
@@ -349,6 +436,23 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             )
         }
         Kind::RedisStall => redis_stall(env, rng).await?,
+        Kind::Operator => {
+            let hold = Duration::from_millis(rng.range(1_000, 3_000));
+            env.operator.live_change(rng, n, hold).await?
+        }
+        Kind::Corruption => corruption(env, rng).await?,
+        Kind::Failover => {
+            let Some(set) = &env.replicated else {
+                anyhow::bail!("a failover needs --failovers' replicated Redis")
+            };
+            // Like the stalls: the link stalls first, then the next burst
+            // arrives, so the primary takes writes its replica lacks.
+            let mut set = set.lock().await;
+            let stalled = set.stall();
+            next_burst(env).await;
+            pause(rng, 300, 1_000).await;
+            set.fail_over(stalled).await?
+        }
         Kind::BrokerStall => broker_stall(env, rng).await?,
         Kind::BrokerCut => {
             env.broker.cut()?;
@@ -391,5 +495,13 @@ mod tests {
         assert!(plan
             .iter()
             .all(|(at, _)| *at >= window.mul_f64(0.05) && *at <= window.mul_f64(0.9)));
+        let c = Counts {
+            operator_changes: 20,
+            corruptions: 20,
+            ..Counts::default()
+        };
+        let plan = schedule(&c, window, &mut Rng::new(9));
+        assert_eq!(plan.len(), 40);
+        assert!(plan.iter().all(|(at, _)| *at <= window.mul_f64(0.5)));
     }
 }

@@ -15,6 +15,8 @@ mod faults;
 mod fleet;
 mod kafka;
 mod model;
+mod operator;
+mod replicated;
 mod rng;
 mod stack;
 #[path = "../shared/topics.rs"]
@@ -100,6 +102,28 @@ struct RunArgs {
     /// The broker frozen (SIGSTOP) while a consumer is SIGKILLed, then SIGCONT.
     #[arg(long, default_value_t = 0)]
     broker_stalls: usize,
+    /// Live promotion changes with `deductor promo`, in turn: pause (1 to
+    /// 3 s) and resume, adjust, a forced re-seed.
+    #[arg(long, default_value_t = 0)]
+    operator_changes: usize,
+    /// Corrupt data met by a zombie: a promotion's budget or stock made
+    /// non-canonical during a burst, a consumer frozen, the data repaired
+    /// while it is frozen.
+    #[arg(long, default_value_t = 0)]
+    corruptions: usize,
+    /// Redis failovers: Redis runs as a primary and a replica (each behind
+    /// a proxy) with three sentinels, and the consumers use its
+    /// `redis-sentinel://` url; each failover stalls the replica's link
+    /// while events flow, SIGKILLs the primary and lets Sentinel promote the
+    /// replica. Not with the single-Redis faults (--redis-kills, --redis-cuts,
+    /// --redis-stalls, --netns).
+    #[arg(long, default_value_t = 0)]
+    failovers: usize,
+    /// With --failovers: the consumers' `redis.wait_replicas` (the
+    /// durability gate). 0 turns the gate off: the run then loses
+    /// acknowledged deductions, which the check must report.
+    #[arg(long, default_value_t = 1)]
+    wait_replicas: u32,
     /// Run a deliberately broken service (a build with the test-only cargo
     /// feature `mutants`): the consumers get DEDUCTOR_MUTANT=<name>
     /// (commit-early, no-ack-wait, double-deduct). The run must then fail.
@@ -266,6 +290,29 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
         ),
     );
 
+    if a.failovers > 0 {
+        if a.netns || a.redis_kills + a.redis_cuts + a.redis_stalls > 0 {
+            bail!("--failovers runs a replicated Redis: not with --netns, --redis-kills, --redis-cuts or --redis-stalls");
+        }
+        let set = replicated::Replicated::start(&a.repo, &dir.join("redis"), a.redis_port).await?;
+        let url = set.url();
+        let primary = set.nodes[0].clone();
+        let set_shared = Arc::new(tokio::sync::Mutex::new(set));
+        let result = run_with_redis(
+            &a,
+            &dir,
+            &tag,
+            seed,
+            &mut rng,
+            w,
+            primary,
+            Some((set_shared.clone(), url)),
+            started,
+        )
+        .await;
+        set_shared.lock().await.stop();
+        return result;
+    }
     // Redis of our own, maybe behind a namespace.
     let netns = if a.netns {
         Some(
@@ -277,7 +324,18 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
     };
     let redis = Redis::new(&a.repo, &dir.join("redis"), a.redis_port, netns)?;
     let redis = Arc::new(std::sync::Mutex::new(redis));
-    let result = run_with_redis(&a, &dir, &tag, seed, &mut rng, w, redis.clone(), started).await;
+    let result = run_with_redis(
+        &a,
+        &dir,
+        &tag,
+        seed,
+        &mut rng,
+        w,
+        redis.clone(),
+        None,
+        started,
+    )
+    .await;
     redis.lock().expect("redis lock").stop();
     result
 }
@@ -291,12 +349,16 @@ async fn run_with_redis(
     rng: &mut rng::Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
+    replicated: Option<(Arc<tokio::sync::Mutex<replicated::Replicated>>, String)>,
     started: Instant,
 ) -> anyhow::Result<bool> {
-    let redis_url = {
-        let mut r = redis.lock().expect("redis lock");
-        r.start()?;
-        r.url()
+    let redis_url = match &replicated {
+        Some((_, url)) => url.clone(),
+        None => {
+            let mut r = redis.lock().expect("redis lock");
+            r.start()?;
+            r.url()
+        }
     };
     let run = RunInfo {
         brokers: a.brokers.clone(),
@@ -368,6 +430,10 @@ async fn run_with_redis(
         "--set=pipeline.drain_timeout_secs=15".to_owned(),
     ]
     .into();
+    let mut consumer_args = consumer_args;
+    if replicated.is_some() {
+        consumer_args.push(format!("--set=redis.wait_replicas={}", a.wait_replicas));
+    }
     let mut fleet = Fleet::new(a.deductor.clone(), consumer_args, dir.to_owned());
     fleet.mutant = a.mutant.clone();
     let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
@@ -385,6 +451,7 @@ async fn run_with_redis(
         rng,
         w,
         redis,
+        replicated.map(|(set, _)| set),
         fleet.clone(),
         kafka_port,
         started,
@@ -403,6 +470,7 @@ async fn drive(
     rng: &mut rng::Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
+    replicated: Option<Arc<tokio::sync::Mutex<replicated::Replicated>>>,
     fleet: Arc<tokio::sync::Mutex<Fleet>>,
     kafka_port: u16,
     started: Instant,
@@ -443,6 +511,9 @@ async fn drive(
         broker_cuts: a.broker_cuts,
         redis_stalls: a.redis_stalls,
         broker_stalls: a.broker_stalls,
+        operator_changes: a.operator_changes,
+        corruptions: a.corruptions,
+        failovers: a.failovers,
     };
     let plan = faults::schedule(&counts, window, rng);
     let env = Env {
@@ -457,6 +528,15 @@ async fn drive(
         started,
         production: progress.clone(),
         burst_period: window / bursts as u32,
+        operator: Arc::new(operator::Operator {
+            bin: a.deductor.clone(),
+            redis_url: run.redis_url.clone(),
+            key_prefix: run.key_prefix.clone(),
+            promos: load_promos(dir)?,
+            dir: dir.to_owned(),
+            log: Default::default(),
+        }),
+        replicated,
     };
     let t0 = Instant::now();
     let mut done = Vec::new();
@@ -577,6 +657,18 @@ async fn drive(
         (
             faults::Kind::BrokerStall,
             "broker stalls (SIGSTOP + consumer SIGKILL)",
+        ),
+        (
+            faults::Kind::Operator,
+            "operator changes (pause/resume, adjust, re-seed)",
+        ),
+        (
+            faults::Kind::Corruption,
+            "corrupt data met by a zombie (corrupt, freeze, repair)",
+        ),
+        (
+            faults::Kind::Failover,
+            "redis failovers (replica lagging, primary SIGKILLed)",
         ),
     ] {
         let n = done.iter().filter(|d| d.kind == kind).count();

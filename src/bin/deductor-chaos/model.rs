@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use deductor::domain::event::{OrderPlaced, OrderRefunded};
 use serde_json::Value;
 
+use crate::operator::Effects;
 use crate::workload::Promo;
 
 /// What one (order, promotion) holds.
@@ -99,11 +100,14 @@ impl Order {
 
     /// Checks an observed placement decision (`v`: its first outcome) and
     /// applies it; returns what is wrong with it, if anything.
+    /// `fx`: what the operator faults allow besides (a promotion paused or
+    /// corrupt at some moment may reject a fresh line for it).
     pub fn place(
         &mut self,
         e: &OrderPlaced,
         v: &Value,
         promos: &HashMap<String, Promo>,
+        fx: &Effects,
     ) -> Result<(), String> {
         let ev = e.header.event_id.as_str();
         let t = e.header.occurred_at;
@@ -189,6 +193,8 @@ impl Order {
                     LineState::Reverted { .. } => reason == "order_reverted",
                     LineState::None => match promo.and_then(|x| x.fixed_rejection(t)) {
                         Some(r) => reason == r,
+                        None if reason == "promotion_inactive" => fx.inactive.contains(p),
+                        None if reason == "corrupt_promotion" => fx.corrupt.contains(p),
                         None => promo.is_some_and(|x| match reason {
                             "budget_exceeded" => x.budget.is_some() && l.budget > 0,
                             "stock_insufficient" => x.stock.is_some() && l.stock > 0,
@@ -210,14 +216,24 @@ impl Order {
         }
     }
 
-    /// Predicts a refund exactly, applies it, and returns the expected signature.
-    pub fn refund(&mut self, e: &OrderRefunded) -> String {
+    /// Predicts a refund exactly, applies it, and returns the expected
+    /// signature. The one thing it cannot predict is whether a line met
+    /// corrupt data: a line of a promotion corrupt at some moment (`fx`)
+    /// that the outcome `v` reports `corrupt_promotion` changed nothing.
+    pub fn refund(&mut self, e: &OrderRefunded, v: &Value, fx: &Effects) -> String {
         let mut lines = Vec::new();
         let mut applied = false;
         let mut first_reason = None;
-        for l in &e.lines {
+        let observed = v["lines"].as_array().cloned().unwrap_or_default();
+        for (i, l) in e.lines.iter().enumerate() {
             let p = l.promotion_id.as_str().to_owned();
+            let met_corrupt = fx.corrupt.contains(&p)
+                && observed.get(i).is_some_and(|o| {
+                    o["promotion_id"].as_str() == Some(p.as_str())
+                        && o["status"] == "corrupt_promotion"
+                });
             let (status, b, s) = match self.state(&p) {
+                _ if met_corrupt => ("corrupt_promotion", 0, 0),
                 LineState::None => {
                     self.lines.insert(
                         p.clone(),

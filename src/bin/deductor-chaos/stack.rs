@@ -135,6 +135,8 @@ pub struct Redis {
     netns: Option<Netns>,
     child: Option<Child>,
     pub restarts: u32,
+    /// redis.conf as [`Redis::new`] wrote it (before [`Redis::configure`]).
+    conf: String,
 }
 
 impl Redis {
@@ -155,7 +157,7 @@ impl Redis {
             common = repo.join("config/dev-stack/redis-common.conf").display(),
             dir = dir.display(),
         );
-        std::fs::write(dir.join("redis.conf"), conf)?;
+        std::fs::write(dir.join("redis.conf"), &conf)?;
         Ok(Redis {
             dir: dir.to_owned(),
             port,
@@ -163,7 +165,15 @@ impl Redis {
             netns,
             child: None,
             restarts: 0,
+            conf,
         })
+    }
+
+    /// Rewrites redis.conf as [`Redis::new`] wrote it plus `extra` lines
+    /// (for the next start).
+    pub fn configure(&self, extra: &str) -> anyhow::Result<()> {
+        std::fs::write(self.dir.join("redis.conf"), format!("{}{extra}", self.conf))?;
+        Ok(())
     }
 
     pub fn url(&self) -> String {
