@@ -10,7 +10,12 @@
 //! 4. latency: events offered at half the spread maximum while deductor
 //!    runs; produce timestamp of the event to broker append time of its outcome;
 //! 5. the ceiling again (the machine is shared: the mean of both is used).
+//!
+//! With `--variant` (repeatable) it compares settings instead: spread
+//! throughput and latency runs of each variant in turn, for `--rounds`
+//! rounds (see `compare.rs`).
 
+mod compare;
 mod kafka;
 mod proc;
 mod redis;
@@ -88,6 +93,21 @@ pub struct Opts {
     /// How long one deductor run may take before it is killed, seconds.
     #[arg(long, default_value_t = 900)]
     timeout_s: u64,
+    /// Compare settings instead of the parts: NAME=SECTION.KEY=VALUE[;...]
+    /// (repeatable; the first is the baseline of the ratios; `NAME=` alone
+    /// runs the defaults). `{otlp}` in a value is the --otlp-sink url.
+    #[arg(long = "variant", value_parser = compare::parse_variant, value_name = "NAME=SETTINGS")]
+    variants: Vec<compare::Variant>,
+    /// Rounds of a --variant comparison.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Start a replica of the bench Redis (for redis.wait_replicas) on the
+    /// port after it, for the whole run.
+    #[arg(long)]
+    replica: bool,
+    /// Start an OTLP/HTTP sink that accepts and counts deductor's spans.
+    #[arg(long)]
+    otlp_sink: bool,
 }
 
 struct Ctx {
@@ -316,9 +336,16 @@ fn summarize(
     })
 }
 
-/// Offers `n` spread events at `rate` per second to a running deductor.
-async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
-    let tag = format!("{}-latency", ctx.stamp);
+/// Offers `n` spread events at `rate` per second to a running deductor
+/// (`label` names its topics and log; `extra`: settings of this run).
+async fn latency(
+    ctx: &mut Ctx,
+    label: &str,
+    rate: f64,
+    n: u64,
+    extra: &[String],
+) -> anyhow::Result<Latency> {
+    let tag = format!("{}-{label}", ctx.stamp);
     let (input, out, dlq) = ctx.topics(&tag, true).await?;
     ctx.redis
         .reset(&workload::promotions(
@@ -327,7 +354,7 @@ async fn latency(ctx: &mut Ctx, rate: f64, n: u64) -> anyhow::Result<Latency> {
         ))
         .await?;
     let port = proc::free_port()?;
-    let args = ctx.deductor_args(&input, &out, &dlq, &tag, &[], false, port);
+    let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, false, port);
     let servers = Servers::start(ctx);
     let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag), Some(port))?;
 
@@ -489,12 +516,86 @@ async fn bench(opts: Opts) -> anyhow::Result<Report> {
         stamp,
         topics: Vec::new(),
     };
-    let result = run_parts(&mut ctx, &mut report).await;
+    let result = if ctx.opts.variants.is_empty() {
+        run_parts(&mut ctx, &mut report).await
+    } else {
+        compare(&mut ctx, &mut report).await
+    };
     kafka::delete_topics(&ctx.opts.brokers, &ctx.topics).await;
     ctx.redis.quit().await;
     result?;
     report.finish();
     Ok(report)
+}
+
+/// The --variant comparison (see compare.rs).
+async fn compare(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
+    let _replica = if ctx.opts.replica {
+        let port = ctx.redis.port() + 1;
+        let dir = ctx.opts.out.join("replica");
+        eprintln!("bench: starting a replica of the bench Redis on {port}");
+        Some(
+            compare::Replica::start(&ctx.redis.host().to_owned(), ctx.redis.port(), port, &dir)
+                .await?,
+        )
+    } else {
+        None
+    };
+    let sink = if ctx.opts.otlp_sink {
+        let s = compare::OtlpSink::start().await?;
+        eprintln!("bench: OTLP sink on {}", s.url);
+        Some(s)
+    } else {
+        None
+    };
+    let variants: Vec<compare::Variant> = ctx
+        .opts
+        .variants
+        .iter()
+        .map(|v| compare::Variant {
+            name: v.name.clone(),
+            sets: v
+                .sets
+                .iter()
+                .map(|x| x.replace("{otlp}", sink.as_ref().map_or("", |s| s.url.as_str())))
+                .collect(),
+        })
+        .collect();
+    let n = ctx.opts.events;
+    let nl = ctx.opts.latency_events.unwrap_or(n / 2);
+    let mut c = compare::Comparison {
+        variants: variants.clone(),
+        events: n,
+        latency_events: nl,
+        latency_rate: ctx.opts.latency_rate.unwrap_or(0.0),
+        ..Default::default()
+    };
+    for round in 0..ctx.opts.rounds {
+        for i in compare::order(variants.len(), round) {
+            let v = &variants[i];
+            let label = format!("{}-r{}", v.name, round + 1);
+            let run = throughput(ctx, &label, Workload::Spread, n, &v.sets).await?;
+            if c.latency_rate <= 0.0 {
+                // Half the first spread maximum, as in the parts' latency run.
+                c.latency_rate = run.events_per_s / 2.0;
+            }
+            let l = latency(ctx, &format!("{label}-lat"), c.latency_rate, nl, &v.sets).await?;
+            c.rows.push(compare::Measured {
+                variant: v.name.clone(),
+                round,
+                events_per_s: run.events_per_s,
+                cpu_per_1k: run.cpu_per_1k,
+                max_rss_mib: run.max_rss_mib.max(l.max_rss_mib),
+                offered_rate: l.offered_rate,
+                p50_ms: l.p50_ms,
+                p99_ms: l.p99_ms,
+                p999_ms: l.p999_ms,
+            });
+        }
+    }
+    c.otlp_requests = sink.as_ref().map(compare::OtlpSink::count);
+    report.comparison = Some(c);
+    Ok(())
 }
 
 async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
@@ -520,7 +621,7 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
             (None, None) => bail!("the latency run needs --latency-rate or the spread run"),
         };
         let nl = ctx.opts.latency_events.unwrap_or(n / 2);
-        report.latency = Some(latency(ctx, rate, nl).await?);
+        report.latency = Some(latency(ctx, "latency", rate, nl, &[]).await?);
     }
     if ctx.wants("ceiling") {
         report.ceilings.push(ceiling(ctx).await?);

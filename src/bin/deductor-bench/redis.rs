@@ -227,6 +227,14 @@ impl Redis {
             .and_then(|p| p.trim().parse().ok())
     }
 
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub async fn quit(&self) {
         let _ = self.client.quit().await;
     }

@@ -96,6 +96,8 @@ pub struct Report {
     pub hot: Option<Run>,
     pub baseline: Option<Run>,
     pub latency: Option<Latency>,
+    /// A --variant comparison (then the parts above are not run).
+    pub comparison: Option<crate::compare::Comparison>,
 }
 
 fn ceilings<S: serde::Serializer>(c: &[Ceiling], s: S) -> Result<S::Ok, S::Error> {
@@ -161,6 +163,7 @@ impl Report {
             hot: None,
             baseline: None,
             latency: None,
+            comparison: None,
         }
     }
 
@@ -179,6 +182,15 @@ impl Report {
     pub fn markdown(&self) -> String {
         let mut s = String::new();
         let m = &self.machine;
+        if let Some(c) = &self.comparison {
+            let _ = writeln!(
+                s,
+                "Run of {} on {}, {} cores, {:.0} GiB, Linux {}. deductor at commit {}. Load average (1/5/15 min) before: {}; after: {}.\n",
+                self.date, m.cpu, m.cores, m.memory_gib, m.kernel, self.commit, m.load_before, m.load_after
+            );
+            s.push_str(&c.markdown());
+            return s;
+        }
         let _ = writeln!(
             s,
             "Run of {} on {}, {} cores, {:.0} GiB, Linux {} (broker, Redis, deductor and the load generator on the same machine). \
