@@ -534,10 +534,7 @@ async fn compare(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         let port = ctx.redis.port() + 1;
         let dir = ctx.opts.out.join("replica");
         eprintln!("bench: starting a replica of the bench Redis on {port}");
-        Some(
-            compare::Replica::start(&ctx.redis.host().to_owned(), ctx.redis.port(), port, &dir)
-                .await?,
-        )
+        Some(compare::Replica::start(ctx.redis.host(), ctx.redis.port(), port, &dir).await?)
     } else {
         None
     };

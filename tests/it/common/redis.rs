@@ -22,6 +22,61 @@ pub fn redis_url() -> String {
     std::env::var("DEDUCTOR_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
 }
 
+/// The database of the standalone Redis that the ledger tests
+/// ([`standalone`]) own. Their dumps and clean-ups SCAN the database, and a
+/// dev-stack Redis also serves the demo and earlier runs in database 0: with
+/// ~500k such keys a dump took 0.5 s a call and `ledger::model` over 30
+/// minutes. (The service tests keep database 0: the documented ACL rules do
+/// not allow `SELECT`.)
+pub const TEST_DB: u8 = 9;
+
+/// [`redis_url`] with database [`TEST_DB`], unless the url names one.
+pub fn test_db_url() -> String {
+    with_db(&redis_url(), TEST_DB)
+}
+
+/// `url` with `/db` after the host, unless it has a path already.
+fn with_db(url: &str, db: u8) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let after_scheme = base.split_once("://").map_or(base, |(_, r)| r);
+    let host_part = after_scheme
+        .rsplit_once('@')
+        .map_or(after_scheme, |(_, h)| h);
+    let mut out = if host_part.contains('/') && !host_part.ends_with('/') {
+        base.to_owned()
+    } else {
+        format!("{}/{db}", base.trim_end_matches('/'))
+    };
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[test]
+fn a_test_database_is_added_only_where_none_is_named() {
+    assert_eq!(
+        with_db("redis://127.0.0.1:6379", 9),
+        "redis://127.0.0.1:6379/9"
+    );
+    assert_eq!(
+        with_db("redis://127.0.0.1:6379/", 9),
+        "redis://127.0.0.1:6379/9"
+    );
+    assert_eq!(
+        with_db("redis://127.0.0.1:6379/3", 9),
+        "redis://127.0.0.1:6379/3"
+    );
+    assert_eq!(
+        with_db("redis://u:p/w@h:1?x=1", 9),
+        "redis://u:p/w@h:1/9?x=1"
+    );
+    assert_eq!(with_db("rediss://h:1", 2), "rediss://h:1/2");
+}
+
 /// `DEDUCTOR_REDIS_CLUSTER_URL`, or the loopback default.
 pub fn cluster_url() -> String {
     std::env::var("DEDUCTOR_REDIS_CLUSTER_URL").unwrap_or_else(|_| DEFAULT_CLUSTER_URL.to_owned())
@@ -132,11 +187,13 @@ pub struct TestRedis {
     pub prefix: String,
     pub url: String,
     pub cluster: bool,
+    /// The shared hold on the dev-stack servers.
+    _stack: super::StackGuard,
 }
 
 /// A ledger on the standalone Redis; fails the test when unreachable.
 pub async fn standalone() -> TestRedis {
-    connect(&redis_url(), false).await
+    connect(&test_db_url(), false).await
 }
 
 /// A ledger on the Redis Cluster; fails the test when unreachable.
@@ -145,6 +202,7 @@ pub async fn cluster() -> TestRedis {
 }
 
 async fn connect(url: &str, cluster: bool) -> TestRedis {
+    let stack = super::stack_shared().await;
     let prefix = unique_prefix();
     let ledger = Ledger::connect(&settings(url, &prefix))
         .await
@@ -156,10 +214,33 @@ async fn connect(url: &str, cluster: bool) -> TestRedis {
         prefix,
         url: url.to_owned(),
         cluster,
+        _stack: stack,
     }
 }
 
 impl TestRedis {
+    /// Another ledger (other settings) on the same keys as `self`.
+    pub async fn with_ledger(&self, ledger: Ledger) -> TestRedis {
+        TestRedis {
+            ledger,
+            prefix: self.prefix.clone(),
+            url: self.url.clone(),
+            cluster: self.cluster,
+            _stack: self._stack.clone(),
+        }
+    }
+
+    /// A ledger of a [`super::service::Fixture`]'s keys, on the standalone Redis.
+    pub async fn of_fixture(f: &super::service::Fixture) -> TestRedis {
+        TestRedis {
+            ledger: f.ledger().await,
+            prefix: f.prefix.clone(),
+            url: f.redis_url.clone(),
+            cluster: false,
+            _stack: super::stack_shared().await,
+        }
+    }
+
     pub fn keys(&self) -> &Keys {
         self.ledger.keys()
     }

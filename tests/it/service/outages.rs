@@ -7,19 +7,14 @@
 //! in their own binary, run one at a time (a lock, and CI runs this binary
 //! with `--test-threads=1` after the others).
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::kafka;
-use common::service::{self, Fixture, InProcess};
-use common::workload::{self, Shape, Workload};
+use crate::common::kafka;
+use crate::common::service::{self, Fixture, InProcess};
+use crate::common::workload::{self, Shape, Workload};
 
 const WAIT: Duration = Duration::from_secs(180);
-
-/// One outage at a time in this binary.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -89,8 +84,8 @@ struct Run {
 }
 
 /// Seeds, starts the service and a paced producer, waits for some progress.
-async fn start(label: &str, seed: u64) -> Run {
-    let f = Fixture::new(label, 3).await;
+async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
+    let f = Fixture::within(exclusive, label, 3).await;
     let ledger = f.ledger().await;
     let w = workload::generate(
         label,
@@ -138,8 +133,9 @@ async fn finish(label: &str, mut r: Run) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_mid_stream() {
-    let _serial = SERIAL.lock().await;
-    let r = start("redis-out", 31).await;
+    // The shared Redis goes down: no other test may use it meanwhile.
+    let exclusive = crate::common::stack_exclusive().await;
+    let r = start(&exclusive, "redis-out", 31).await;
     let addr = host_port(&r.f.redis_url);
 
     let down = Down::new("kill-redis", "start-redis", &addr).await;
@@ -159,8 +155,9 @@ async fn redis_killed_and_restarted_mid_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_broker_killed_and_restarted_mid_stream() {
-    let _serial = SERIAL.lock().await;
-    let r = start("kafka-out", 37).await;
+    // The shared broker goes down: no other test may use it meanwhile.
+    let exclusive = crate::common::stack_exclusive().await;
+    let r = start(&exclusive, "kafka-out", 37).await;
     let addr = host_port(r.f.brokers.split(',').next().unwrap());
 
     let down = Down::new("kill-kafka", "start-kafka", &addr).await;

@@ -3,13 +3,11 @@
 //! the dead-letter topic, and a graceful shutdown in the middle of a burst.
 //! Each test owns its topics, consumer group and key prefix.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::kafka::{self, Placed, Raw, Record};
-use common::service::{self, Fixture};
+use crate::common::kafka::{self, Placed, Raw, Record};
+use crate::common::service::{self, Fixture};
 use deductor::admin::{self, PromoSpec};
 use deductor::audit;
 use deductor::domain::event::Id;
@@ -135,7 +133,7 @@ fn check_outcomes(
             .get(&(at.partition, at.offset))
             .unwrap_or_else(|| panic!("no outcome for {event} at {at:?}"));
         let mut got = r.json();
-        common::contract::assert_outcome(&got);
+        crate::common::contract::assert_outcome(&got);
         assert_processed_at(&got);
         assert_eq!(
             got["source"],
@@ -552,7 +550,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
         );
         assert_eq!(r.payload, c.payload, "{}: bytes unchanged", c.name);
         let h = &r.headers;
-        common::contract::assert_dead_letter_headers(h);
+        crate::common::contract::assert_dead_letter_headers(h);
         let header = |k: &str| {
             h.get(k)
                 .cloned()
@@ -589,7 +587,7 @@ async fn poison_messages_are_dead_lettered_and_the_partition_moves_on() {
     let mut by_src: BTreeMap<i64, Value> = BTreeMap::new();
     for r in &outcomes {
         let v = r.json();
-        common::contract::assert_outcome(&v);
+        crate::common::contract::assert_outcome(&v);
         assert_eq!(v["source"]["partition"], json!(0));
         assert_eq!(v["source"]["topic"], json!(f.topics.input));
         by_src.insert(v["source"]["offset"].as_i64().unwrap(), v);
@@ -746,7 +744,7 @@ async fn graceful_shutdown_commits_what_was_done_and_reprocesses_nothing() {
 
     let mut count: BTreeMap<String, usize> = BTreeMap::new();
     for r in &all {
-        common::contract::assert_outcome(&r.json());
+        crate::common::contract::assert_outcome(&r.json());
         *count
             .entry(r.json()["event_id"].as_str().unwrap().to_owned())
             .or_default() += 1;
@@ -863,7 +861,7 @@ async fn trace_context_and_correlation_ids_reach_outcomes_and_dead_letters() {
     assert_eq!(hd["ce_subject"], "o-tr");
     assert_eq!(hd["ce_time"], body["processed_at"].as_str().unwrap());
     assert_eq!(hd["ce_source"], format!("/deductor/{}", f.topics.group));
-    common::contract::assert_outcome_headers(hd);
+    crate::common::contract::assert_outcome_headers(hd);
 
     let d = &dlq[0];
     let hd = &d.headers;
@@ -873,7 +871,7 @@ async fn trace_context_and_correlation_ids_reach_outcomes_and_dead_letters() {
     assert_eq!(hd["x-correlation-id"], "corr-2", "original headers kept");
     assert_eq!(hd["x-private"], "kept", "every original header kept");
     assert_eq!(hd["deductor.error.kind"], "not_json", "{hd:?}");
-    common::contract::assert_dead_letter_headers(hd);
+    crate::common::contract::assert_dead_letter_headers(hd);
     assert_eq!(d.payload.as_deref(), Some(b"{not json".as_slice()));
     f.cleanup().await;
 }

@@ -7,17 +7,14 @@
 //! end. The contract promises one decision per event, and a refund of an
 //! order whose placement was rejected finds nothing to return.
 //!
-//! Finding 2 of docs/reliability.md: both promises break today, so these
-//! tests are ignored until the fix lands (`cargo test --test interleaving --
-//! --ignored` shows the failures).
-
-mod common;
+//! Finding 2 of docs/reliability.md: both promises broke before the fix;
+//! these tests keep them (`scripts/test ledger::interleaving::`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{self, placed, refunded, TestRedis};
+use crate::common::redis::{self, placed, refunded, TestRedis};
 use deductor::domain::decision::PlaceDecision;
 use deductor::domain::event::OrderPlaced;
 use deductor::ledger::scripts::DEDUCT;
@@ -101,7 +98,7 @@ async fn setup() -> (TestRedis, Ledger, Hold) {
         .to_owned();
     let hold = hold_proxy(upstream).await;
     let slow = Ledger::connect(&redis::settings(
-        &format!("redis://{}", hold.addr),
+        &format!("redis://{}/{}", hold.addr, redis::TEST_DB),
         &r.prefix,
     ))
     .await

@@ -4,11 +4,9 @@
 //! a Secret (`secret.mountAsFiles`); a wrong or missing file fails with one
 //! line naming the key, and never shows a password.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::service::{self, Fixture};
+use crate::common::service::{self, Fixture};
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

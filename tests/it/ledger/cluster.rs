@@ -3,11 +3,9 @@
 //! refunded correctly, and no call is refused (CROSSSLOT or anything else:
 //! every error fails the test).
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::redis::*;
+use crate::common::redis::*;
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::decision::{PlaceDecision, Reason};
 use deductor::ledger::scripts;

@@ -43,17 +43,33 @@ pub struct Fixture {
     pub prefix: String,
     pub redis_url: String,
     pub brokers: String,
+    /// The shared hold on the dev-stack servers (None: the test holds them
+    /// exclusively).
+    _stack: Option<super::StackGuard>,
 }
 
 impl Fixture {
     /// Creates the topics (`partitions` each); fails when Kafka is down.
+    /// Holds the dev-stack servers shared while it lives.
     pub async fn new(label: &str, partitions: i32) -> Fixture {
+        let stack = super::stack_shared().await;
+        Fixture::build(label, partitions, Some(stack)).await
+    }
+
+    /// The same, for a test that holds the servers exclusively
+    /// ([`super::stack_exclusive`]) because it takes one down.
+    pub async fn within(_exclusive: &super::Exclusive, label: &str, partitions: i32) -> Fixture {
+        Fixture::build(label, partitions, None).await
+    }
+
+    async fn build(label: &str, partitions: i32, stack: Option<super::StackGuard>) -> Fixture {
         init_tracing();
         Fixture {
             topics: kafka::fresh_topics(label, partitions).await,
             prefix: redis::unique_prefix(),
             redis_url: redis::redis_url(),
             brokers: kafka::brokers(),
+            _stack: stack,
         }
     }
 

@@ -6,16 +6,14 @@
 //! without it the same fault loses some (measured and printed).
 //!
 //! Each test runs its own primary, replica and sentinels on free ports
-//! (tests/common/replication.rs); the shared dev stack is never touched.
-
-mod common;
+//! (tests/it/common/replication.rs); the shared dev stack is never touched.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis::*;
-use common::replication::*;
+use crate::common::redis::*;
+use crate::common::replication::*;
 use deductor::admin::{self, PromoSpec};
 use deductor::config::RedisSettings;
 use deductor::domain::decision::PlaceDecision;
@@ -63,7 +61,7 @@ async fn record_exists(ledger: &Ledger, p: &str, order: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_url_with_credentials_connects_and_deducts() {
-    common::service::init_tracing();
+    crate::common::service::init_tracing();
     let r = Replicated::start(true, Some("data-secret"), Some("sentinel-secret")).await;
     let prefix = unique_prefix();
     let mut s = gate_settings(&r.sentinel_url(), &prefix, 1);
@@ -111,7 +109,7 @@ async fn sentinel_url_with_credentials_connects_and_deducts() {
     assert_eq!(e.disposition(), Disposition::Fatal, "{e}");
 }
 
-/// The service user of docs/operations.md (as in tests/security.rs).
+/// The service user of docs/operations.md (as in tests/it/service/security.rs).
 const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
     +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
 /// What the gate and Sentinel add on the data nodes, and the sentinels' user.
@@ -131,7 +129,7 @@ fn set_user(port: u16, user: &str, rules: &[&str]) {
 /// the gate on, and `+wait` and `+role` are each needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_rules_cover_sentinel_and_the_gate() {
-    common::service::init_tracing();
+    crate::common::service::init_tracing();
     let r = Replicated::start(true, None, None).await;
     let prefix = unique_prefix();
     let admin = Ledger::connect(&gate_settings(&r.sentinel_url(), &prefix, 0))
@@ -187,7 +185,7 @@ async fn the_documented_acl_rules_cover_sentinel_and_the_gate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_holds_an_event_while_its_replica_lags() {
-    common::service::init_tracing();
+    crate::common::service::init_tracing();
     let r = Replicated::start(false, None, None).await;
     let prefix = unique_prefix();
     let gated = Ledger::connect(&gate_settings(&r.primary_url(), &prefix, 1))
@@ -256,7 +254,7 @@ async fn the_gate_holds_an_event_while_its_replica_lags() {
 /// replica's primary is held (a WAIT sent to any other node would pass).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_the_gate_waits_on_the_nodes_that_took_the_writes() {
-    common::service::init_tracing();
+    crate::common::service::init_tracing();
     let c = ReplicatedCluster::start().await;
     let prefix = unique_prefix();
     let ledger = Ledger::connect(&gate_settings(&c.url(), &prefix, 1))
@@ -322,8 +320,8 @@ async fn on_a_cluster_the_gate_waits_on_the_nodes_that_took_the_writes() {
 /// done, with one outcome and one deduction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_commits_nothing_the_replicas_lack() {
-    use common::kafka;
-    use common::service::{self, Fixture};
+    use crate::common::kafka;
+    use crate::common::service::{self, Fixture};
     let r = Replicated::start(false, None, None).await;
     let mut f = Fixture::new("gate", 1).await;
     f.redis_url = r.primary_url();
@@ -396,7 +394,7 @@ static FAILOVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn failover_run(wait_replicas: u32) -> Figures {
     let _one_at_a_time = FAILOVER.lock().await;
-    common::service::init_tracing();
+    crate::common::service::init_tracing();
     let mut r = Replicated::start(true, None, None).await;
     let prefix = unique_prefix();
     let ledger = Ledger::connect(&gate_settings(&r.sentinel_url(), &prefix, wait_replicas))
@@ -555,7 +553,7 @@ async fn without_the_gate_a_failover_loses_acknowledged_deductions() {
 }
 
 /// The gate's cost at the ledger (not a test: run it with
-/// `cargo test --release --test replication gate_cost -- --ignored --nocapture`).
+/// `cargo test --release --test it replication::gate_cost -- --ignored --nocapture`).
 /// 16 concurrent orders at a time, single-line placements, against a
 /// primary and one replica replicating directly (no proxy), with
 /// `wait_replicas` 0 and 1 in turn; events/s and p50 / p99 of `place`.

@@ -6,12 +6,10 @@
 //! package). And a partition revoked from an instance no longer shows its
 //! old lag there.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::kafka;
-use common::service::{self, Fixture};
+use crate::common::kafka;
+use crate::common::service::{self, Fixture};
 use deductor::admin::PromoSpec;
 use serde_json::json;
 

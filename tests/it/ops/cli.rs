@@ -2,13 +2,11 @@
 //! the key in one line, `promo set/show`, `publish`, `check` and
 //! `healthcheck` against the real Kafka and Redis.
 
-mod common;
-
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::kafka;
-use common::service::{self, Fixture};
+use crate::common::kafka;
+use crate::common::service::{self, Fixture};
 
 /// Runs `deductor <args>` with exactly `env` (inherited `DEDUCTOR_*` removed).
 async fn deductor(env: &[(String, String)], args: &[&str]) -> Output {
@@ -110,7 +108,7 @@ async fn configuration_errors_name_the_key_in_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promo_set_refuses_to_overwrite_without_force_and_show_reads_it() {
     // A prefix of its own, whose keys are deleted when the test passes.
-    let r = common::redis::standalone().await;
+    let r = crate::common::redis::standalone().await;
     let e = env(&[
         ("DEDUCTOR_REDIS_URL", &r.url),
         ("DEDUCTOR_REDIS_KEY_PREFIX", &r.prefix),
@@ -421,7 +419,7 @@ async fn run_waits_for_redis_at_startup_and_then_works() {
 }
 
 /// `deductor <args>` under a test Redis's prefix.
-async fn admin(r: &common::redis::TestRedis, args: &[&str]) -> Output {
+async fn admin(r: &crate::common::redis::TestRedis, args: &[&str]) -> Output {
     let e = env(&[
         ("DEDUCTOR_REDIS_URL", &r.url),
         ("DEDUCTOR_REDIS_KEY_PREFIX", &r.prefix),
@@ -449,9 +447,9 @@ fn assert_exit(o: &Output, code: i32, what: &str) {
 /// in place; deductions made in between are kept and `audit` stays clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promo_pause_resume_adjust_limit_list_and_delete_change_it_in_place() {
-    use common::redis::{placed, refunded};
+    use crate::common::redis::{placed, refunded};
     use deductor::domain::decision::{PlaceDecision, Reason};
-    let r = common::redis::standalone().await;
+    let r = crate::common::redis::standalone().await;
     let o = admin(
         &r,
         &[
@@ -801,7 +799,7 @@ async fn check_and_audit_speak_json_warn_and_exit_with_documented_codes() {
     assert_exit(&o, 2, "an unknown output format");
 
     // audit --output json: a breach exits 1 and is named.
-    let r = common::redis::standalone().await;
+    let r = crate::common::redis::standalone().await;
     r.seed(
         "leaky",
         &[
@@ -840,8 +838,8 @@ async fn check_and_audit_speak_json_warn_and_exit_with_documented_codes() {
 /// `--promotion`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_and_event_show_print_records_memos_and_refund_results() {
-    use common::redis::{placed, refunded};
-    let r = common::redis::standalone().await;
+    use crate::common::redis::{placed, refunded};
+    let r = crate::common::redis::standalone().await;
     for (p, budget) in [("p1", "1000"), ("p2", "1000"), ("tight", "10")] {
         let o = admin(
             &r,
@@ -1249,7 +1247,7 @@ async fn outcome_of(f: &Fixture, id: &str) -> serde_json::Value {
 /// agrees with the decisions (accepted - refunded), and `audit` is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_changes_during_a_burst_lose_nothing_and_audit_stays_clean() {
-    use common::workload::{self, Shape, PLACED_AT};
+    use crate::common::workload::{self, Shape, PLACED_AT};
     let f = Fixture::new("live-sale", 3).await;
     let ledger = f.ledger().await;
     let shape = Shape {
@@ -1401,8 +1399,8 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
     use deductor::admin::promo::{self, Adjustment};
     use deductor::admin::AdminError;
     use deductor::ledger::scripts;
-    let r = common::redis::standalone().await;
-    let key = r.keys().promotion(&common::redis::id("p"));
+    let r = crate::common::redis::standalone().await;
+    let key = r.keys().promotion(&crate::common::redis::id("p"));
     r.seed(
         "p",
         &[
@@ -1436,7 +1434,7 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
         );
     }
     // A refusal of one dimension writes neither.
-    let p = common::redis::id("p");
+    let p = crate::common::redis::id("p");
     let e = promo::adjust(
         &r.ledger,
         &p,

@@ -17,11 +17,9 @@
 //! `SCRIPT_FUZZ_CASES` sets the number of calls (default 2000); the seed is
 //! printed and `SCRIPT_FUZZ_SEED` replays a run.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::redis::{self, Dumped, DumpedValue, TestRedis};
+use crate::common::redis::{self, Dumped, DumpedValue, TestRedis};
 use deductor::domain::event::Id;
 use deductor::ledger::scripts::{DEDUCT, MEMO, RELEASE, ROLLBACK};
 use fred::prelude::Value;

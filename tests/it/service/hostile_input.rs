@@ -5,13 +5,11 @@
 //! through Kafka and the running service, which must dead-letter each one
 //! unchanged and write nothing to Redis.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::kafka::{self, Raw};
-use common::{redis, service};
+use crate::common::kafka::{self, Raw};
+use crate::common::{redis, service};
 use deductor::admin::PromoSpec;
 use deductor::domain::event::{parse, Event, InvalidKind, MAX_EVENT_BYTES};
 use deductor::domain::keys::Keys;
@@ -476,12 +474,7 @@ type Case = (&'static str, Option<Vec<u8>>, Option<Vec<u8>>);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_records_are_dead_lettered_end_to_end() {
     let f = service::Fixture::new("hostile", 2).await;
-    let store = redis::TestRedis {
-        ledger: f.ledger().await,
-        prefix: f.prefix.clone(),
-        url: f.redis_url.clone(),
-        cluster: false,
-    };
+    let store = redis::TestRedis::of_fixture(&f).await;
     let ledger = store.ledger.clone();
     let spec = PromoSpec {
         stock: Some(10),

@@ -6,14 +6,12 @@
 //! Then records too large for Kafka to dead-letter whole, which must not
 //! stop the service on their offset.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::kafka;
-use common::service::{self, Fixture};
-use common::workload::{self, Shape};
+use crate::common::kafka;
+use crate::common::service::{self, Fixture};
+use crate::common::workload::{self, Shape};
 use rand::Rng;
 
 const WAIT: Duration = Duration::from_secs(120);

@@ -2,9 +2,7 @@
 //! through the Ledger API against the real Redis (raw EVAL where the API
 //! cannot reach a branch). Each test owns a key prefix.
 
-mod common;
-
-use common::redis::*;
+use crate::common::redis::*;
 use deductor::admin::{self, AdminError, PromoSetResult, PromoSpec};
 use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision, Remaining};
 use deductor::error::Disposition;

@@ -10,12 +10,10 @@
 //!
 //! Cases: `PROPTEST_CASES` (default 64).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::redis::*;
+use crate::common::redis::*;
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::decision::{
     AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,

@@ -2,7 +2,7 @@
 //! validator the project did not write (the `jsonschema` crate):
 //!
 //! - every event fixture (the fuzz corpus, the contract's samples, the
-//!   hostile inputs of tests/hostile_input.rs and the rule cases of
+//!   hostile inputs of tests/it/service/hostile_input.rs and the rule cases of
 //!   src/domain/event.rs, and field-by-field mutations of the contract's
 //!   examples) goes through both `domain::event::parse` and the event
 //!   schemas, and the two must agree, except for the documented gaps of
@@ -15,12 +15,10 @@
 //! scripts/check-contract checks the same files with check-jsonschema
 //! (PyPI) and the AsyncAPI document with the official AsyncAPI schema.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use common::contract;
+use crate::common::contract;
 use deductor::domain::decision::{
     AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,
 };
@@ -159,7 +157,7 @@ fn quoted(s: &str) -> String {
 }
 
 /// Ids: valid at the edges, and every forging or look-alike id of
-/// tests/hostile_input.rs.
+/// tests/it/service/hostile_input.rs.
 fn ids() -> Vec<String> {
     let mut v: Vec<String> = [
         "a",
@@ -270,7 +268,7 @@ fn timestamps() -> Vec<String> {
     v
 }
 
-/// Amount texts, from tests/hostile_input.rs.
+/// Amount texts, from tests/it/service/hostile_input.rs.
 const AMOUNTS: &[&str] = &[
     "0",
     "1",
@@ -330,7 +328,7 @@ const ANY: &[&str] = &[
 ];
 
 /// The rule cases of src/domain/event.rs's unit tests and of
-/// tests/hostile_input.rs, and mutations of every field of both examples.
+/// tests/it/service/hostile_input.rs, and mutations of every field of both examples.
 fn generated() -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = Vec::new();
     let mut add = |name: String, b: Vec<u8>| out.push((name, b));

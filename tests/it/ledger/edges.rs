@@ -5,9 +5,7 @@
 //! or re-created while orders hold it, and refund results that expired
 //! before the order did. Real Redis, each test under a key prefix of its own.
 
-mod common;
-
-use common::redis::*;
+use crate::common::redis::*;
 use deductor::admin::{self, PromoSpec};
 use deductor::audit;
 use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
@@ -398,15 +396,10 @@ async fn a_refund_never_lifts_remaining_above_initial() {
 #[tokio::test]
 async fn a_refund_redelivered_after_refund_ttl_repeats_its_result() {
     let base = standalone().await;
-    let mut settings = common::redis::settings(&base.url, &base.prefix);
+    let mut settings = crate::common::redis::settings(&base.url, &base.prefix);
     settings.refund_ttl_secs = 1;
     let ledger = Ledger::connect(&settings).await.unwrap();
-    let r = TestRedis {
-        ledger,
-        prefix: base.prefix.clone(),
-        url: base.url.clone(),
-        cluster: false,
-    };
+    let r = base.with_ledger(ledger).await;
     admin::promo_set(&r.ledger, &id("p"), spec(Some(1000), None, None), false)
         .await
         .unwrap();

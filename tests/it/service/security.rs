@@ -5,14 +5,12 @@
 //! that never shows the password; a least-privilege Redis ACL user the
 //! service works with; Redis over TLS with a CA file.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::kafka;
-use common::service::{self, Fixture};
+use crate::common::kafka;
+use crate::common::service::{self, Fixture};
 use deductor::admin::PromoSpec;
 use deductor::config::Settings;
 use serde_json::{json, Value};
@@ -760,7 +758,7 @@ async fn service_ops_as(
     user: &str,
     password: &str,
 ) -> Result<(), String> {
-    use common::redis::{placed, refunded};
+    use crate::common::redis::{placed, refunded};
     use deductor::domain::decision::{PlaceDecision, Reason};
     use deductor::ledger::Ledger;
     let p = format!("p{round}");
@@ -778,7 +776,7 @@ async fn service_ops_as(
         raw(t.admin, &["SCRIPT", "FLUSH"]).await?;
     }
 
-    let mut settings = common::redis::settings(t.url, t.prefix);
+    let mut settings = crate::common::redis::settings(t.url, t.prefix);
     settings.username = user.to_owned();
     settings.password = password.to_owned();
     let ledger = Ledger::connect(&settings)
@@ -838,7 +836,7 @@ async fn every_rule_of_the_service_acl_is_needed() {
     service::init_tracing();
     let server = private_redis(false).await;
     let url = format!("redis://127.0.0.1:{}", server.port);
-    let admin = deductor::ledger::Ledger::connect(&common::redis::settings(&url, "promo"))
+    let admin = deductor::ledger::Ledger::connect(&crate::common::redis::settings(&url, "promo"))
         .await
         .expect("connecting to the private redis-server");
     let nodes = [admin.clone()];
@@ -889,11 +887,11 @@ const CLUSTER_ACL: &str = "+cluster|slots +cluster|info +asking";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_acl_on_redis_cluster() {
     service::init_tracing();
-    let cluster = common::redis::cluster().await;
-    let url = common::redis::cluster_url();
+    let cluster = crate::common::redis::cluster().await;
+    let url = crate::common::redis::cluster_url();
     let mut nodes = Vec::new();
     for addr in cluster_nodes(&url) {
-        let node = deductor::ledger::Ledger::connect(&common::redis::settings(
+        let node = deductor::ledger::Ledger::connect(&crate::common::redis::settings(
             &format!("redis://{addr}"),
             &cluster.prefix,
         ))

@@ -1,0 +1,45 @@
+//! The integration tests: one test binary (`cargo test --test it`), against
+//! the real Kafka broker and Redis servers of `scripts/dev-stack`, organised
+//! by subject. Filter by module path: `scripts/test ledger::`,
+//! `scripts/test service::outages`, `scripts/test ops::cli::`.
+//!
+//! - `ledger`: the Lua scripts through the `Ledger` API on standalone Redis,
+//!   the Cluster and replicated Redis (their own servers), the model and the
+//!   script fuzzer;
+//! - `service`: the service in-process or as a child process, end to end
+//!   through Kafka, under faults and outages, its metrics and security;
+//! - `ops`: the `deductor` binary as an operator uses it;
+//! - `contract`: the published schemas against the parser and the outcomes.
+//!
+//! One binary links once (sixteen did before) and shares one process, so
+//! tests that take a shared server down (`service::outages`) hold
+//! [`common::stack_exclusive`] while every test on the shared servers holds
+//! a [`common::stack_shared`] guard (taken by `Fixture::new` and the
+//! `common::redis` ledgers).
+
+mod common;
+mod contract;
+
+mod ledger {
+    mod cluster;
+    mod edges;
+    mod interleaving;
+    mod model;
+    mod replication;
+    mod script_fuzz;
+    mod scripts;
+}
+
+mod ops {
+    mod cli;
+}
+
+mod service {
+    mod consumer_e2e;
+    mod consumer_faults;
+    mod hostile_input;
+    mod metrics;
+    mod outages;
+    mod secret_files;
+    mod security;
+}
