@@ -803,7 +803,14 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
             .iter()
             .filter(|((_, p), h)| p == &promo.id && !h.is_empty())
             .count();
-        let mut scan = pool.next().scan_buffered(pattern, Some(1000), None);
+        // Every primary of a cluster; the one server otherwise.
+        let mut scan = if run.redis_url.starts_with("redis-cluster") {
+            pool.next()
+                .scan_cluster_buffered(pattern, Some(1000), None)
+                .boxed()
+        } else {
+            pool.next().scan_buffered(pattern, Some(1000), None).boxed()
+        };
         let mut total = 0usize;
         while let Some(k) = scan.next().await {
             k?;

@@ -117,7 +117,7 @@ pub struct Env {
     pub burst_period: Duration,
     pub operator: Arc<crate::operator::Operator>,
     /// The replicated Redis of a run with failovers.
-    pub replicated: Option<Arc<Mutex<crate::replicated::Replicated>>>,
+    pub replicated: Option<Arc<Mutex<crate::replicated::Topology>>>,
 }
 
 /// Corrupt data met by a zombie. A limited promotion's budget or stock is
@@ -448,7 +448,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             // Like the stalls: the link stalls first, then the next burst
             // arrives, so the primary takes writes its replica lacks.
             let mut set = set.lock().await;
-            let stalled = set.stall();
+            let stalled = set.stall(rng.below(3))?;
             next_burst(env).await;
             pause(rng, 300, 1_000).await;
             set.fail_over(stalled).await?

@@ -124,6 +124,10 @@ struct RunArgs {
     /// acknowledged deductions, which the check must report.
     #[arg(long, default_value_t = 1)]
     wait_replicas: u32,
+    /// With --failovers: a Redis Cluster of three primaries with one
+    /// replica each (the cluster fails over by itself) instead of Sentinel.
+    #[arg(long)]
+    cluster: bool,
     /// Run a deliberately broken service (a build with the test-only cargo
     /// feature `mutants`): the consumers get DEDUCTOR_MUTANT=<name>
     /// (commit-early, no-ack-wait, double-deduct). The run must then fail.
@@ -294,9 +298,18 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
         if a.netns || a.redis_kills + a.redis_cuts + a.redis_stalls > 0 {
             bail!("--failovers runs a replicated Redis: not with --netns, --redis-kills, --redis-cuts or --redis-stalls");
         }
-        let set = replicated::Replicated::start(&a.repo, &dir.join("redis"), a.redis_port).await?;
+        let set = if a.cluster {
+            replicated::Topology::Cluster(
+                replicated::ReplicatedCluster::start(&a.repo, &dir.join("redis"), a.redis_port)
+                    .await?,
+            )
+        } else {
+            replicated::Topology::Sentinel(
+                replicated::Replicated::start(&a.repo, &dir.join("redis"), a.redis_port).await?,
+            )
+        };
         let url = set.url();
-        let primary = set.nodes[0].clone();
+        let primary = set.first_node();
         let set_shared = Arc::new(tokio::sync::Mutex::new(set));
         let result = run_with_redis(
             &a,
@@ -349,7 +362,7 @@ async fn run_with_redis(
     rng: &mut rng::Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
-    replicated: Option<(Arc<tokio::sync::Mutex<replicated::Replicated>>, String)>,
+    replicated: Option<(Arc<tokio::sync::Mutex<replicated::Topology>>, String)>,
     started: Instant,
 ) -> anyhow::Result<bool> {
     let redis_url = match &replicated {
@@ -470,7 +483,7 @@ async fn drive(
     rng: &mut rng::Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
-    replicated: Option<Arc<tokio::sync::Mutex<replicated::Replicated>>>,
+    replicated: Option<Arc<tokio::sync::Mutex<replicated::Topology>>>,
     fleet: Arc<tokio::sync::Mutex<Fleet>>,
     kafka_port: u16,
     started: Instant,

@@ -353,3 +353,237 @@ impl Replicated {
         }
     }
 }
+
+/// A Redis Cluster of three primaries with one replica each, every node
+/// behind a [`LinkProxy`] of its own: each node announces its proxy's port
+/// (`cluster-announce-port`), so clients and the replicas reach every node
+/// through its proxy, and the failover fault can stall a primary's
+/// replication stream. The cluster bus goes direct: each node's bus listens
+/// on its proxy's port + 10000 (`cluster-port`), so `CLUSTER MEET` to a
+/// proxy's address finds the bus where it expects it.
+pub struct ReplicatedCluster {
+    pub nodes: Vec<Arc<Mutex<Redis>>>,
+    pub proxies: Vec<LinkProxy>,
+    pub failovers: u32,
+    /// The node a fault is failing over: (index, the replica's index).
+    pending: Option<(usize, usize)>,
+}
+
+impl ReplicatedCluster {
+    /// The nodes listen on `port + 30 ..= + 35`, their proxies on
+    /// `port + 40 ..= + 45`, the cluster bus on the proxy ports + 10000.
+    pub async fn start(repo: &Path, dir: &Path, port: u16) -> anyhow::Result<ReplicatedCluster> {
+        let mut nodes = Vec::new();
+        let mut proxies = Vec::new();
+        for i in 0..6u16 {
+            let (data, proxy) = (port + 30 + i, port + 40 + i);
+            let mut r = Redis::new(repo, &dir.join(format!("redis-{i}")), data, None)?;
+            r.configure(&format!(
+                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n\
+                 cluster-port {bus}\ncluster-announce-ip 127.0.0.1\ncluster-announce-port {proxy}\n\
+                 cluster-announce-bus-port {bus}\nreplica-announce-port {proxy}\n",
+                bus = proxy + 10_000
+            ))?;
+            proxies.push(LinkProxy::start(proxy, data).await?);
+            tokio::task::block_in_place(|| r.start())?;
+            nodes.push(Arc::new(Mutex::new(r)));
+        }
+        let addrs: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .context("redis-cli --cluster create")?;
+        if !out.status.success() {
+            bail!(
+                "redis-cli --cluster create: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let c = ReplicatedCluster {
+            nodes,
+            proxies,
+            failovers: 0,
+            pending: None,
+        };
+        c.wait_healthy().await?;
+        Ok(c)
+    }
+
+    fn port(&self, i: usize) -> u16 {
+        self.nodes[i].lock().expect("node lock").port
+    }
+
+    /// Until every node says `cluster_state:ok` and three replicas' links
+    /// are up.
+    async fn wait_healthy(&self) -> anyhow::Result<()> {
+        let ports: Vec<u16> = (0..self.nodes.len()).map(|i| self.port(i)).collect();
+        eventually(
+            Duration::from_secs(90),
+            "the cluster is ok with 3 replicas in sync",
+            || {
+                ports
+                    .iter()
+                    .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                    && ports
+                        .iter()
+                        .filter(|p| {
+                            cli(**p, &["INFO", "replication"]).contains("master_link_status:up")
+                        })
+                        .count()
+                        == 3
+            },
+        )
+        .await
+    }
+
+    /// The `redis-cluster://` url (the proxies).
+    pub fn url(&self) -> String {
+        let rest: Vec<String> = self.proxies[1..]
+            .iter()
+            .map(|p| format!("node=127.0.0.1:{}", p.port))
+            .collect();
+        format!(
+            "redis-cluster://127.0.0.1:{}?{}",
+            self.proxies[0].port,
+            rest.join("&")
+        )
+    }
+
+    /// Index of the node whose proxy port is `proxy`.
+    fn by_proxy(&self, proxy: u16) -> Option<usize> {
+        self.proxies
+            .iter()
+            .position(|p| p.port == proxy)
+            .or_else(|| (0..self.nodes.len()).find(|i| self.port(*i) == proxy))
+    }
+
+    /// The first half of the failover fault: a random primary's replica
+    /// link stalls (`pick` chooses among the primaries).
+    pub fn stall(&mut self, pick: usize) -> anyhow::Result<Instant> {
+        let mut pairs = Vec::new();
+        for i in 0..self.nodes.len() {
+            let info = cli(self.port(i), &["INFO", "replication"]);
+            if !info.contains("role:master") {
+                continue;
+            }
+            // slave0:ip=127.0.0.1,port=<proxy>,state=online,...
+            let replica = info
+                .lines()
+                .find_map(|l| l.strip_prefix("slave0:"))
+                .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("port=")))
+                .and_then(|p| p.trim().parse::<u16>().ok())
+                .and_then(|p| self.by_proxy(p));
+            if let Some(r) = replica {
+                pairs.push((i, r));
+            }
+        }
+        if pairs.is_empty() {
+            bail!("no primary with a replica to fail over");
+        }
+        let (primary, replica) = pairs[pick % pairs.len()];
+        self.proxies[primary].set(Link::Stalled);
+        self.pending = Some((primary, replica));
+        Ok(Instant::now())
+    }
+
+    /// The second half: the stalled primary is SIGKILLed and its link cut,
+    /// the cluster promotes its replica; the old primary is restarted from
+    /// its AOF and nodes.conf, and rejoins as the new primary's replica.
+    pub async fn fail_over(&mut self, stalled: Instant) -> anyhow::Result<String> {
+        let Some((old, new)) = self.pending.take() else {
+            bail!("fail_over without stall");
+        };
+        let lag = stalled.elapsed();
+        let killed = Instant::now();
+        {
+            let node = self.nodes[old].clone();
+            tokio::task::block_in_place(|| node.lock().expect("node lock").kill());
+        }
+        self.proxies[old].set(Link::Cut);
+        let new_port = self.port(new);
+        eventually(
+            Duration::from_secs(90),
+            "the cluster promotes the replica",
+            || cli(new_port, &["INFO", "replication"]).contains("role:master"),
+        )
+        .await?;
+        let promoted_ms = killed.elapsed().as_millis();
+        self.proxies[old].set(Link::Flowing);
+        {
+            let node = self.nodes[old].clone();
+            tokio::task::block_in_place(|| {
+                let mut n = node.lock().expect("node lock");
+                n.restarts += 1;
+                n.start()
+            })?;
+        }
+        self.wait_healthy().await?;
+        self.failovers += 1;
+        Ok(format!(
+            "cluster: replica link of node {old} stalled {} ms, node {old} SIGKILLed; \
+             node {new} promoted after {promoted_ms} ms; node {old} back as its \
+             replica after {} ms",
+            lag.as_millis(),
+            killed.elapsed().as_millis()
+        ))
+    }
+
+    pub fn stop(&mut self) {
+        for n in &self.nodes {
+            if let Ok(mut n) = n.lock() {
+                n.stop();
+            }
+        }
+    }
+}
+
+/// The replicated Redis of a run with failovers.
+pub enum Topology {
+    Sentinel(Replicated),
+    Cluster(ReplicatedCluster),
+}
+
+impl Topology {
+    pub fn url(&self) -> String {
+        match self {
+            Topology::Sentinel(s) => s.url(),
+            Topology::Cluster(c) => c.url(),
+        }
+    }
+
+    pub fn stall(&mut self, pick: usize) -> anyhow::Result<Instant> {
+        match self {
+            Topology::Sentinel(s) => Ok(s.stall()),
+            Topology::Cluster(c) => c.stall(pick),
+        }
+    }
+
+    pub async fn fail_over(&mut self, stalled: Instant) -> anyhow::Result<String> {
+        match self {
+            Topology::Sentinel(s) => s.fail_over(stalled).await,
+            Topology::Cluster(c) => c.fail_over(stalled).await,
+        }
+    }
+
+    pub fn stop(&mut self) {
+        match self {
+            Topology::Sentinel(s) => s.stop(),
+            Topology::Cluster(c) => c.stop(),
+        }
+    }
+
+    /// A data node, for the single-Redis slot of the run (unused by the
+    /// failover runs' faults).
+    pub fn first_node(&self) -> Arc<Mutex<Redis>> {
+        match self {
+            Topology::Sentinel(s) => s.nodes[0].clone(),
+            Topology::Cluster(c) => c.nodes[0].clone(),
+        }
+    }
+}
