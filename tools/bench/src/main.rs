@@ -20,8 +20,6 @@ mod kafka;
 mod proc;
 mod redis;
 mod report;
-#[path = "../shared/topics.rs"]
-mod topics;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use deductor_testkit::topics;
 
 use proc::Usage;
 use report::{Latency, Report, Run};
@@ -534,10 +533,7 @@ async fn compare(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         let port = ctx.redis.port() + 1;
         let dir = ctx.opts.out.join("replica");
         eprintln!("bench: starting a replica of the bench Redis on {port}");
-        Some(
-            compare::Replica::start(&ctx.redis.host().to_owned(), ctx.redis.port(), port, &dir)
-                .await?,
-        )
+        Some(compare::Replica::start(ctx.redis.host(), ctx.redis.port(), port, &dir).await?)
     } else {
         None
     };

@@ -19,8 +19,6 @@ mod operator;
 mod replicated;
 mod rng;
 mod stack;
-#[path = "../shared/topics.rs"]
-mod topics;
 mod workload;
 
 use std::path::PathBuf;
@@ -34,6 +32,7 @@ use clap::{Args, Parser, Subcommand};
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::event::Id;
 use deductor::ledger::Ledger;
+use deductor_testkit::topics;
 
 use check::RunInfo;
 use faults::{Counts, Env};

@@ -1,5 +1,4 @@
-//! Topic creation shared by the benchmark and the chaos tool (both include
-//! this file with `#[path]`; it is not a binary of its own).
+//! Topic creation: fresh input, outcome and dead-letter topics for a run.
 
 use std::time::{Duration, Instant};
 
