@@ -6,18 +6,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use deductor::config::RedisSettings;
 use deductor::domain::event::{self, Event, Id};
 use deductor::domain::keys::Keys;
 use deductor::ledger::Ledger;
+use deductor_testkit::topics::{self, Read};
 use fred::prelude::*;
 use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kafka::{self, Read};
+use crate::kafka;
 use crate::model::{self, LineState, Order};
 use crate::operator;
 use crate::workload::{read_marker, Promo};
@@ -112,20 +114,25 @@ fn bucket(n: usize) -> String {
     }
 }
 
+/// How long reading one topic back may take.
+const READ_WITHIN: Duration = Duration::from_secs(600);
+
 pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Result<Figures> {
     let (b, t) = (run.brokers.clone(), run.input_topic.clone());
-    let inputs = tokio::task::spawn_blocking(move || kafka::read_all(&b, &t)).await??;
+    let inputs =
+        tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
     let (b, t) = (run.brokers.clone(), run.outcome_topic.clone());
-    let outcomes = tokio::task::spawn_blocking(move || kafka::read_all(&b, &t)).await??;
+    let outcomes =
+        tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
     let (b, t) = (run.brokers.clone(), run.dlq_topic.clone());
-    let dlq = tokio::task::spawn_blocking(move || kafka::read_all(&b, &t)).await??;
+    let dlq = tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
     let (b, t, g) = (
         run.brokers.clone(),
         run.input_topic.clone(),
         run.group.clone(),
     );
     let (ends, committed) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((kafka::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
+        anyhow::Ok((topics::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
     })
     .await??;
 

@@ -17,7 +17,6 @@ mod kafka;
 mod model;
 mod operator;
 mod replicated;
-mod rng;
 mod stack;
 mod workload;
 
@@ -32,6 +31,7 @@ use clap::{Args, Parser, Subcommand};
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::event::Id;
 use deductor::ledger::Ledger;
+use deductor_testkit::rng::Rng;
 use deductor_testkit::topics;
 
 use check::RunInfo;
@@ -259,7 +259,7 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let mut rng = rng::Rng::new(seed ^ 0x5EED);
+    let mut rng = Rng::new(seed ^ 0x5EED);
     let tag = format!("{:06x}", rng.next_u64() & 0xff_ffff);
     std::fs::write(
         dir.join("args.json"),
@@ -345,7 +345,7 @@ async fn run_with_redis(
     dir: &std::path::Path,
     tag: &str,
     seed: u64,
-    rng: &mut rng::Rng,
+    rng: &mut Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
     replicated: Option<(Arc<tokio::sync::Mutex<replicated::Replicated>>, String)>,
@@ -466,7 +466,7 @@ async fn drive(
     dir: &std::path::Path,
     run: &RunInfo,
     seed: u64,
-    rng: &mut rng::Rng,
+    rng: &mut Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
     replicated: Option<Arc<tokio::sync::Mutex<replicated::Replicated>>>,
@@ -590,7 +590,7 @@ async fn drive(
             run.group.clone(),
         );
         let r = tokio::task::spawn_blocking(move || {
-            anyhow::Ok((kafka::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
+            anyhow::Ok((topics::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
         })
         .await?;
         if let Ok((ends, committed)) = r {
