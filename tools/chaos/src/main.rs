@@ -369,7 +369,7 @@ async fn run_with_redis(
         key_prefix: format!("chaos{tag}"),
     };
     std::fs::write(dir.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
-    let settings = check::redis_settings(&redis_url, &run.key_prefix);
+    let settings = stack::redis_settings(&redis_url, &run.key_prefix);
     let ledger = Ledger::connect(&settings)
         .await
         .context("connecting to the chaos Redis")?;

@@ -362,7 +362,7 @@ impl Operator {
     }
 
     async fn connect(&self) -> anyhow::Result<Ledger> {
-        let settings = crate::check::redis_settings(&self.redis_url, &self.key_prefix);
+        let settings = crate::stack::redis_settings(&self.redis_url, &self.key_prefix);
         Ledger::connect(&settings)
             .await
             .context("connecting to the chaos Redis")
