@@ -28,17 +28,25 @@ WORKDIR /src
 
 # Dependency layer: compile every dependency against stub sources, so that
 # a change to src/ only recompiles deductor itself. This layer is rebuilt
-# only when Cargo.toml or Cargo.lock change. Every target file the manifest
+# only when a manifest or Cargo.lock changes. Every target file the manifest
 # names (path = "...": the library, extra binaries) gets a stub, since cargo
-# refuses a manifest whose targets are missing.
+# refuses a manifest whose targets are missing. The workspace's other
+# members (tools/*: the benchmark, the chaos suite and their testkit) are
+# not built here, but cargo loads every member and --locked wants the whole
+# Cargo.lock: their manifests come too (a new member needs a line here),
+# each with an empty library as its stub.
 COPY Cargo.toml Cargo.lock ./
+COPY tools/bench/Cargo.toml tools/bench/
+COPY tools/chaos/Cargo.toml tools/chaos/
+COPY tools/testkit/Cargo.toml tools/testkit/
 RUN mkdir -p src \
  && printf 'fn main() {}\n' > src/main.rs \
  && sed -n 's/^path *= *"\(.*\)"/\1/p' Cargo.toml | while read -r target; do \
       mkdir -p "$(dirname "$target")" && printf 'fn main() {}\n' > "$target"; \
     done \
+ && for member in tools/*/; do mkdir -p "$member/src" && : > "$member/src/lib.rs"; done \
  && cargo build --release --locked --bin deductor \
- && rm -rf src benches examples tests \
+ && rm -rf src tools benches examples tests \
     target/release/deductor* \
     target/release/deps/deductor-* target/release/deps/libdeductor-* \
     target/release/.fingerprint/deductor-*

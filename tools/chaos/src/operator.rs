@@ -9,16 +9,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::Context as _;
 use deductor::domain::event::Id;
 use deductor::domain::keys::Keys;
 use deductor::ledger::Ledger;
+use deductor_testkit::rng::Rng;
+use deductor_testkit::service;
 use fred::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::rng::Rng;
 use crate::workload::Promo;
 
 /// One change an operator made, as the checker needs it.
@@ -154,12 +155,7 @@ impl Operator {
     /// output. The dev-stack's `DEDUCTOR_*` variables are not settings, so
     /// they are removed, as for the consumers.
     async fn promo(&self, args: Vec<String>) -> anyhow::Result<(i32, String)> {
-        let mut cmd = Command::new(&self.bin);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("DEDUCTOR_") {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = service::command(&self.bin);
         cmd.arg("promo")
             .args(&args)
             .arg(format!("--redis-url={}", self.redis_url))
@@ -366,7 +362,7 @@ impl Operator {
     }
 
     async fn connect(&self) -> anyhow::Result<Ledger> {
-        let settings = crate::check::redis_settings(&self.redis_url, &self.key_prefix);
+        let settings = crate::stack::redis_settings(&self.redis_url, &self.key_prefix);
         Ledger::connect(&settings)
             .await
             .context("connecting to the chaos Redis")

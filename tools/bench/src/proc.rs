@@ -2,12 +2,11 @@
 //! the kernel's accounting of the child (`wait4`), its peak RSS from its
 //! VmHWM; Redis and Kafka are sampled from `/proc/<pid>/stat`.
 
-use std::fs::File;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use deductor_testkit::service;
 
 /// What a finished child used.
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,17 +42,8 @@ pub fn spawn(
     log: &Path,
     metrics_port: Option<u16>,
 ) -> anyhow::Result<Child> {
-    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new(bin);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUCTOR_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = service::logged(bin, log)?;
+    cmd.args(args);
     let started = Instant::now();
     let child = cmd
         .spawn()

@@ -17,10 +17,7 @@ mod kafka;
 mod model;
 mod operator;
 mod replicated;
-mod rng;
 mod stack;
-#[path = "../shared/topics.rs"]
-mod topics;
 mod workload;
 
 use std::path::PathBuf;
@@ -34,6 +31,8 @@ use clap::{Args, Parser, Subcommand};
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::event::Id;
 use deductor::ledger::Ledger;
+use deductor_testkit::rng::Rng;
+use deductor_testkit::topics;
 
 use check::RunInfo;
 use faults::{Counts, Env};
@@ -264,7 +263,7 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let mut rng = rng::Rng::new(seed ^ 0x5EED);
+    let mut rng = Rng::new(seed ^ 0x5EED);
     let tag = format!("{:06x}", rng.next_u64() & 0xff_ffff);
     std::fs::write(
         dir.join("args.json"),
@@ -359,7 +358,7 @@ async fn run_with_redis(
     dir: &std::path::Path,
     tag: &str,
     seed: u64,
-    rng: &mut rng::Rng,
+    rng: &mut Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
     replicated: Option<(Arc<tokio::sync::Mutex<replicated::Topology>>, String)>,
@@ -383,7 +382,7 @@ async fn run_with_redis(
         key_prefix: format!("chaos{tag}"),
     };
     std::fs::write(dir.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
-    let settings = check::redis_settings(&redis_url, &run.key_prefix);
+    let settings = stack::redis_settings(&redis_url, &run.key_prefix);
     let ledger = Ledger::connect(&settings)
         .await
         .context("connecting to the chaos Redis")?;
@@ -480,7 +479,7 @@ async fn drive(
     dir: &std::path::Path,
     run: &RunInfo,
     seed: u64,
-    rng: &mut rng::Rng,
+    rng: &mut Rng,
     w: workload::Workload,
     redis: Arc<std::sync::Mutex<Redis>>,
     replicated: Option<Arc<tokio::sync::Mutex<replicated::Topology>>>,
@@ -604,7 +603,7 @@ async fn drive(
             run.group.clone(),
         );
         let r = tokio::task::spawn_blocking(move || {
-            anyhow::Ok((kafka::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
+            anyhow::Ok((topics::log_ends(&b, &t)?, kafka::committed(&b, &g, &t)?))
         })
         .await?;
         if let Ok((ends, committed)) = r {

@@ -10,10 +10,9 @@
 
 use std::collections::BTreeMap;
 
+use deductor_testkit::rng::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-
-use crate::rng::Rng;
 
 /// 2026-11-29T00:00:00Z: the business day every event falls in.
 pub const BASE_TIME: i64 = 1_795_910_400;

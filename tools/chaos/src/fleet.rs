@@ -5,12 +5,12 @@
 //! A process that exits without being told to is an unexpected exit: it is
 //! counted (it must not happen) and restarted.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use deductor_testkit::service;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -93,21 +93,12 @@ impl Fleet {
         let slot = &mut self.slots[i];
         slot.started += 1;
         let log = self.logs.join(format!("consumer-{i}.{}.log", slot.started));
-        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&self.bin);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("DEDUCTOR_") {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = service::logged(&self.bin, &log)?;
         if let Some(m) = &self.mutant {
             cmd.env("DEDUCTOR_MUTANT", m);
         }
         let child = cmd
             .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
             .spawn()
             .with_context(|| format!("starting {}", self.bin.display()))?;
         let pids = self.logs.join("pids");

@@ -20,8 +20,6 @@ mod kafka;
 mod proc;
 mod redis;
 mod report;
-#[path = "../shared/topics.rs"]
-mod topics;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use deductor_testkit::topics;
 
 use proc::Usage;
 use report::{Latency, Report, Run};
@@ -265,8 +264,8 @@ async fn throughput(
         );
     }
     let (calls, usec) = ctx.redis.script_stats().await?;
-    let (brokers, topic, parts) = (ctx.opts.brokers.clone(), out.clone(), ctx.opts.partitions);
-    let outcomes = blocking(move || kafka::read_all(&brokers, &topic, parts)).await?;
+    let (brokers, topic) = (ctx.opts.brokers.clone(), out.clone());
+    let outcomes = blocking(move || kafka::read_all(&brokers, &topic)).await?;
     let run = summarize(
         label, w, n, refunds, preload_s, usage, &outcomes, calls, usec, redis_cpu, kafka_cpu, extra,
     )?;
@@ -400,7 +399,7 @@ async fn latency(
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
     let appended: HashMap<String, i64> = {
         let (b, i) = (brokers.clone(), input.clone());
-        blocking(move || kafka::read_all(&b, &i, parts))
+        blocking(move || kafka::read_all(&b, &i))
             .await?
             .into_iter()
             .map(|e| (e.event_id, e.ts_ms))

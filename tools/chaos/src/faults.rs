@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use deductor_testkit::rng::Rng;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::fleet::Fleet;
-use crate::rng::Rng;
 use crate::stack::{Broker, Cut, Redis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

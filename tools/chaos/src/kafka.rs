@@ -1,18 +1,18 @@
-//! The chaos run's Kafka side: fresh topics, paced production that rides out
-//! broker restarts, reading a whole topic back, and the group's committed
-//! offsets against the log end.
+//! The chaos run's Kafka side: paced production that rides out broker
+//! restarts, and the group's committed offsets (fresh topics and reading a
+//! topic back are `deductor_testkit::topics`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use deductor_testkit::topics;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -109,47 +109,6 @@ pub async fn produce(
     Ok(())
 }
 
-/// One record read back.
-#[derive(Debug, Clone)]
-pub struct Read {
-    pub partition: i32,
-    pub offset: i64,
-    pub key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
-    pub headers: HashMap<String, String>,
-}
-
-fn client(brokers: &str) -> anyhow::Result<BaseConsumer> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "deductor-chaos-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("fetch.message.max.bytes", "2097152")
-        .create()
-        .context("reader client")
-}
-
-fn partitions(c: &BaseConsumer, topic: &str) -> anyhow::Result<Vec<i32>> {
-    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let t = md
-        .topics()
-        .first()
-        .with_context(|| format!("no metadata for {topic}"))?;
-    Ok(t.partitions().iter().map(|p| p.id()).collect())
-}
-
-/// The log end (high watermark) of every partition of `topic`.
-pub fn log_ends(brokers: &str, topic: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
-    let c = client(brokers)?;
-    let mut out = BTreeMap::new();
-    for p in partitions(&c, topic)? {
-        let (_, high) = c.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        out.insert(p, high);
-    }
-    Ok(out)
-}
-
 /// The offsets `group` committed on `topic` (-1 where none).
 pub fn committed(brokers: &str, group: &str, topic: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
     let c: BaseConsumer = ClientConfig::new()
@@ -159,7 +118,7 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> anyhow::Result<BTre
         .create()
         .context("offsets client")?;
     let mut tpl = TopicPartitionList::new();
-    let parts = partitions(&c, topic)?;
+    let parts = topics::partitions(&c, topic)?;
     for p in &parts {
         tpl.add_partition(topic, *p);
     }
@@ -174,50 +133,4 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> anyhow::Result<BTre
             (*p, o)
         })
         .collect())
-}
-
-/// Every record of `topic` up to its current log end.
-pub fn read_all(brokers: &str, topic: &str) -> anyhow::Result<Vec<Read>> {
-    let c = client(brokers)?;
-    let ends = log_ends(brokers, topic)?;
-    let mut tpl = TopicPartitionList::new();
-    let mut left: HashMap<i32, i64> = HashMap::new();
-    for (&p, &end) in &ends {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-        if end > 0 {
-            left.insert(p, end);
-        }
-    }
-    c.assign(&tpl)?;
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while !left.is_empty() {
-        if Instant::now() > deadline {
-            bail!("reading {topic}: still missing {left:?} after 10 minutes");
-        }
-        let Some(m) = c.poll(Duration::from_millis(500)) else {
-            continue;
-        };
-        let m = m.with_context(|| format!("reading {topic}"))?;
-        let mut headers = HashMap::new();
-        if let Some(h) = m.headers() {
-            for x in h.iter() {
-                let v = x.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                headers.insert(x.key.to_owned(), v.unwrap_or_default());
-            }
-        }
-        let (p, o) = (m.partition(), m.offset());
-        out.push(Read {
-            partition: p,
-            offset: o,
-            key: m.key().map(<[u8]>::to_vec),
-            payload: m.payload().unwrap_or_default().to_vec(),
-            headers,
-        });
-        if left.get(&p).is_some_and(|&end| o + 1 >= end) {
-            left.remove(&p);
-        }
-    }
-    out.sort_by_key(|r| (r.partition, r.offset));
-    Ok(out)
 }

@@ -9,6 +9,8 @@
 //! Both: 10% of the events refund an earlier order (70% in full, 30% half
 //! the budget of each line); placements have 1 line (80%), 2 (15%) or 3 (5%).
 
+use deductor_testkit::rng::Rng;
+
 /// Spread promotions.
 pub const SPREAD_PROMOTIONS: usize = 1_000;
 /// Customers the orders are drawn from.
@@ -93,33 +95,6 @@ pub fn promotions(w: Workload, flash_stock: u64) -> Vec<Promotion> {
     v
 }
 
-/// splitmix64: small, fast, deterministic.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// True with probability `percent`/100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 struct Placed {
     order: u64,
     customer: u64,
@@ -168,10 +143,10 @@ impl Generator {
         self.seq += 1;
         let event_id = Generator::event_id(&self.prefix, i);
         let occurred_at = rfc3339(T0 + (i / 50) as i64);
-        if !self.placed.is_empty() && self.rng.chance(10) {
-            let at = self.rng.below(self.placed.len() as u64) as usize;
+        if !self.placed.is_empty() && self.rng.percent(10) {
+            let at = self.rng.below(self.placed.len());
             let p = self.placed.swap_remove(at);
-            let full = self.rng.chance(70);
+            let full = self.rng.percent(70);
             let lines: Vec<String> = p
                 .lines
                 .iter()
@@ -200,25 +175,25 @@ impl Generator {
             80..95 => 2,
             _ => 3,
         };
-        let hot = self.workload == Workload::Hot && self.rng.chance(95);
+        let hot = self.workload == Workload::Hot && self.rng.percent(95);
         let mut lines: Vec<(String, u64, u64)> = Vec::with_capacity(n);
         if hot {
             lines.push((FLASH.to_owned(), 1_000, 1));
         }
         while lines.len() < n {
-            let promo = spread_id(self.rng.below(SPREAD_PROMOTIONS as u64) as usize);
+            let promo = spread_id(self.rng.below(SPREAD_PROMOTIONS));
             if lines.iter().all(|(p, _, _)| *p != promo) {
-                let budget = 100 + self.rng.below(4_901);
+                let budget = self.rng.range(100, 5_000);
                 lines.push((promo, budget, 1));
             }
         }
         if hot && n > 1 {
             // The flash line is not always first: a later rejection releases
             // the lines before it.
-            let at = self.rng.below(n as u64) as usize;
+            let at = self.rng.below(n);
             lines.swap(0, at);
         }
-        let customer = self.rng.below(CUSTOMERS);
+        let customer = self.rng.range(0, CUSTOMERS - 1);
         let order_n = self.next_order;
         self.next_order += 1;
         let order = format!("{}-o{order_n}", self.prefix);

@@ -1,17 +1,17 @@
 //! The bench's Kafka side: fresh topics, preloading events, pacing events at
 //! a fixed rate, and reading outcomes back with their broker timestamps.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
+use deductor_testkit::topics;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, Timestamp};
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Deserialize;
@@ -175,18 +175,16 @@ fn reader(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<BaseCon
     Ok(c)
 }
 
-fn decode(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<OutcomeRec> {
-    let o: OutcomeJson = serde_json::from_slice(m.payload()?).ok()?;
-    let ts_ms = match m.timestamp() {
-        Timestamp::LogAppendTime(t) | Timestamp::CreateTime(t) => t,
-        Timestamp::NotAvailable => return None,
-    };
+/// An outcome (or an input event: the fields are the same) from its JSON
+/// and the record's timestamp; None if either is missing.
+fn decode(payload: &[u8], ts_ms: Option<i64>) -> Option<OutcomeRec> {
+    let o: OutcomeJson = serde_json::from_slice(payload).ok()?;
     Some(OutcomeRec {
         event_id: o.event_id,
         kind: o.kind,
         reason: o.reason,
         duplicate: o.duplicate,
-        ts_ms,
+        ts_ms: ts_ms?,
         processed_ms: o
             .processed_at
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
@@ -194,42 +192,12 @@ fn decode(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<OutcomeRec> {
     })
 }
 
-/// Reads every outcome now in `topic` (up to the high watermarks).
-pub fn read_all(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<OutcomeRec>> {
-    let c = reader(brokers, topic, partitions)?;
-    let mut remaining: HashMap<i32, i64> = HashMap::new();
-    for p in 0..partitions {
-        let (low, high) = c.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        if high > low {
-            remaining.insert(p, high);
-        }
-    }
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !remaining.is_empty() {
-        if Instant::now() > deadline {
-            bail!(
-                "reading {topic}: partitions {:?} not read to their end",
-                remaining.keys()
-            );
-        }
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                if let Some(o) = decode(&m) {
-                    out.push(o);
-                }
-                if remaining
-                    .get(&m.partition())
-                    .is_some_and(|h| m.offset() + 1 >= *h)
-                {
-                    remaining.remove(&m.partition());
-                }
-            }
-            Some(Err(e)) => bail!("reading {topic}: {e}"),
-            None => {}
-        }
-    }
-    Ok(out)
+/// Reads every outcome now in `topic` (up to the log ends).
+pub fn read_all(brokers: &str, topic: &str) -> anyhow::Result<Vec<OutcomeRec>> {
+    Ok(topics::read_all(brokers, topic, Duration::from_secs(120))?
+        .iter()
+        .filter_map(|r| decode(&r.payload, r.timestamp))
+        .collect())
 }
 
 /// Reads outcomes as they arrive until `want` of them have an event id
@@ -248,7 +216,8 @@ pub fn read_live(
     while out.len() < want && Instant::now() < deadline {
         match c.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                if let Some(o) = decode(&m).filter(|o| o.event_id.starts_with(prefix)) {
+                let o = decode(m.payload().unwrap_or_default(), m.timestamp().to_millis());
+                if let Some(o) = o.filter(|o| o.event_id.starts_with(prefix)) {
                     out.push(o);
                 }
             }
