@@ -218,6 +218,10 @@ fn log(started: Instant, msg: impl AsRef<str>) {
 }
 
 async fn recheck(dir: PathBuf, repo: PathBuf) -> anyhow::Result<bool> {
+    // Absolute, as in a run: redis.conf names its paths from it.
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("run dir {}", dir.display()))?;
     let mut run: RunInfo = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
     let promos: Vec<workload::Promo> =
         serde_json::from_slice(&std::fs::read(dir.join("promotions.json"))?)?;

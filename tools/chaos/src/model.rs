@@ -190,7 +190,13 @@ impl Order {
                 let ok = match self.state(p) {
                     LineState::Held { .. } => false,
                     LineState::Reverted { event: Some(x), .. } if x == ev => false,
-                    LineState::Reverted { .. } => reason == "order_reverted",
+                    // Reverted by another event (or a refund's tombstone):
+                    // the script reads and checks the promotion before it
+                    // answers, so corrupt data there answers instead.
+                    LineState::Reverted { .. } => {
+                        reason == "order_reverted"
+                            || (reason == "corrupt_promotion" && fx.corrupt.contains(p))
+                    }
                     LineState::None => match promo.and_then(|x| x.fixed_rejection(t)) {
                         Some(r) => reason == r,
                         None if reason == "promotion_inactive" => fx.inactive.contains(p),
