@@ -18,11 +18,9 @@ use crate::pipeline::{self, Status};
 use crate::shutdown;
 
 mod dlq;
-mod exit;
 
-pub use exit::{
-    exit_code, kafka_unreachable, Unreachable, UsageError, EXIT_FAILED, EXIT_UNREACHABLE,
-    EXIT_USAGE,
+pub use crate::exit::{
+    exit_code, Unreachable, UsageError, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE,
 };
 
 pub(crate) fn promotion_id(s: &str) -> anyhow::Result<Id> {

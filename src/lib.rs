@@ -6,7 +6,8 @@
 //! - [`ledger`]: the Lua scripts and the order-level logic around them.
 //! - [`kafka`]: consumer group, offset watermarks, outcome/dead-letter producer.
 //! - [`pipeline`]: consume -> decide -> apply -> publish -> mark done.
-//! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`retry`], [`error`]: plumbing.
+//! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`retry`], [`error`],
+//!   [`exit`]: plumbing (exit codes of the commands).
 //! - [`ops`]: HTTP metrics and health; [`admin`]: promo set/show, audit, publish.
 
 pub mod admin;
@@ -16,9 +17,12 @@ pub mod commands;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod exit;
 pub mod kafka;
 pub mod ledger;
 pub mod metrics;
+#[cfg(feature = "mutants")]
+mod mutants;
 pub mod ops;
 pub mod pipeline;
 pub mod retry;

@@ -289,7 +289,7 @@ impl Lane {
                         }
                         self.offsets.begin(self.partition, generation, p.msg.offset());
                         #[cfg(feature = "mutants")] // TEST-ONLY mutant: done before it is.
-                        if mutant("commit-early") {
+                        if crate::mutants::mutant("commit-early") {
                             self.offsets.done(self.partition, generation, p.msg.offset());
                         }
                         in_flight.push(self.start(p, permit));
@@ -960,14 +960,4 @@ fn commit(consumer: &GroupConsumer, offsets: &Offsets, topic: &str, mode: Commit
             tracing::warn!(error = %e, "offset commit failed; retried on the next tick");
         }
     }
-}
-
-/// TEST-ONLY (cargo feature `mutants`, never shipped): true when
-/// DEDUCTOR_MUTANT (read once) names this deliberately broken behaviour, so
-/// the chaos suite can show that it catches it (docs/reliability.md, "Mutants").
-#[cfg(feature = "mutants")]
-pub(crate) fn mutant(name: &str) -> bool {
-    static CHOSEN: std::sync::LazyLock<String> =
-        std::sync::LazyLock::new(|| std::env::var("DEDUCTOR_MUTANT").unwrap_or_default());
-    *CHOSEN == name
 }

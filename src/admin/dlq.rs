@@ -480,7 +480,7 @@ pub async fn replay(
                     },
                     Err((e, _)) => Verdict::Failed {
                         detail: e.to_string(),
-                        unreachable: crate::commands::kafka_unreachable(&e),
+                        unreachable: crate::kafka::unreachable(&e),
                     },
                 }
             }

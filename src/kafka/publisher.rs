@@ -209,7 +209,7 @@ impl Publisher {
                 trace.incoming,
             ));
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: queued, ack not awaited.
-        if crate::pipeline::mutant("no-ack-wait") {
+        if crate::mutants::mutant("no-ack-wait") {
             let queued = self.producer.send_result(record).map(drop);
             return queued.map_err(|(source, _)| PublishError {
                 topic: self.outcome_topic.clone(),

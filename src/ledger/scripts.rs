@@ -27,13 +27,13 @@ pub struct Script {
 impl Script {
     fn new(name: &'static str, body: &'static str) -> Script {
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a redelivery deducts again.
-        let body = if name == "deduct" && crate::pipeline::mutant("double-deduct") {
+        let body = if name == "deduct" && crate::mutants::mutant("double-deduct") {
             String::leak(format!("{DOUBLE_DEDUCT}{body}"))
         } else {
             body
         };
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: corrupt data is not remembered.
-        let body = if crate::pipeline::mutant("forget-corrupt") {
+        let body = if crate::mutants::mutant("forget-corrupt") {
             assert!(
                 body.contains(REMEMBER_CORRUPT),
                 "forget-corrupt: lib.lua changed"

@@ -16,8 +16,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::commands::{kafka_unreachable, EXIT_FAILED, EXIT_UNREACHABLE};
 use crate::config::{redact_url, KafkaSettings, Settings};
+use crate::exit::{EXIT_FAILED, EXIT_UNREACHABLE};
 use crate::kafka::consumer::consumer_config;
 use crate::ledger::{ErrorClass, Ledger, LedgerError};
 
@@ -157,7 +157,7 @@ struct KafkaFailure {
 fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     let failed = |detail: String, e: Option<&KafkaError>| KafkaFailure {
         detail,
-        unreachable: e.is_some_and(kafka_unreachable),
+        unreachable: e.is_some_and(crate::kafka::unreachable),
     };
     let mut config = consumer_config(k);
     // No statistics: the default context would print them every interval.

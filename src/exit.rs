@@ -4,7 +4,7 @@
 //! command was refused or failed; 2 a usage or configuration error; 3 a
 //! dependency (Kafka or Redis) could not be reached.
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 
 use crate::admin::AdminError;
 use crate::config::ConfigError;
@@ -52,7 +52,7 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         }
         if cause
             .downcast_ref::<KafkaError>()
-            .is_some_and(kafka_unreachable)
+            .is_some_and(crate::kafka::unreachable)
         {
             return EXIT_UNREACHABLE;
         }
@@ -71,29 +71,11 @@ fn redis_exit_code(e: &LedgerError) -> Option<u8> {
     }
 }
 
-/// Kafka errors that mean the brokers could not be reached (in time).
-pub fn kafka_unreachable(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::AllBrokersDown
-                | C::BrokerTransportFailure
-                | C::Resolve
-                | C::MessageTimedOut
-                | C::OperationTimedOut
-                | C::RequestTimedOut
-                | C::NetworkException
-                | C::BrokerNotAvailable
-                | C::LeaderNotAvailable
-        )
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::event::Id;
+    use rdkafka::error::RDKafkaErrorCode;
 
     #[test]
     fn errors_map_to_the_documented_exit_codes() {
