@@ -1,0 +1,173 @@
+//! Settings: `config/default.toml` < `--config FILE` < `DEDUCTOR_*` env < flags.
+//!
+//! Every layer is merged by figment, then [`Settings::validate`] checks what
+//! types cannot: a bad value is reported with its key and how to fix it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The compiled-in defaults: the first layer, and the documentation of every key.
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+const ENV_PREFIX: &str = "DEDUCTOR_";
+/// The longest TTL accepted for `redis.record_ttl_secs` and
+/// `redis.refund_ttl_secs`: 10 years (365-day years), far beyond any refund
+/// window and far below what Redis and the scripts can take.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// More replicas than any sane deployment has: a typo, not a setting.
+const MAX_WAIT_REPLICAS: u32 = 16;
+/// `WAIT` blocks its connection (and fred's unresponsive check must outlast it).
+const MAX_WAIT_TIMEOUT_MS: u64 = 60_000;
+
+const SECTIONS: [&str; 7] = [
+    "kafka", "redis", "pipeline", "retry", "http", "log", "tracing",
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub redis: RedisSettings,
+    pub pipeline: PipelineSettings,
+    pub retry: RetrySettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    pub tracing: TracingSettings,
+}
+
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub group_id: String,
+    pub input_topic: String,
+    pub outcome_topic: String,
+    pub dlq_topic: String,
+    pub group_instance_id: String,
+    pub produce_timeout_ms: u64,
+    /// Input record headers copied onto outcomes (e.g. `x-correlation-id`).
+    pub propagate_headers: Vec<String>,
+    /// A file holding the SASL password of both clients (a mounted
+    /// Secret), read at load into their `sasl.password`.
+    pub sasl_password_file: String,
+    /// librdkafka properties for the consumer (SASL, TLS, tuning).
+    pub consumer: BTreeMap<String, String>,
+    /// librdkafka properties for the producer.
+    pub producer: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    pub username: String,
+    pub password: String,
+    /// A file holding `password` (a mounted Secret), read at load.
+    pub password_file: String,
+    /// PEM CA certificates trusted for `rediss://`, besides the system's.
+    pub tls_ca_file: String,
+    /// `rediss://` without certificate or name checks (throwaway tests only).
+    pub tls_insecure_skip_verify: bool,
+    pub pool_size: usize,
+    pub command_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub key_prefix: String,
+    pub record_ttl_secs: u64,
+    pub refund_ttl_secs: u64,
+    pub slow_script_ms: u64,
+    /// The sentinels' ACL user and password (`redis-sentinel://` urls only);
+    /// the data nodes' are `username` / `password`.
+    pub sentinel_username: String,
+    pub sentinel_password: String,
+    /// A file holding `sentinel_password` (a mounted Secret), read at load.
+    pub sentinel_password_file: String,
+    /// The durability gate: an event is done only when `WAIT` says this many
+    /// replicas have its writes (0 = off).
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may block before a short count is retried.
+    pub wait_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    pub max_in_flight_per_partition: usize,
+    pub max_in_flight: usize,
+    pub commit_interval_ms: u64,
+    pub drain_timeout_secs: u64,
+    pub exit_when_drained: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    pub initial_interval_ms: u64,
+    pub max_interval_ms: u64,
+    pub multiplier: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub listen: String,
+    pub stall_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+/// The spans of events: `traceparent` is always read and written; spans are
+/// exported over OTLP/HTTP only when `otlp_endpoint` is set.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSettings {
+    /// `http(s)://host:port` of an OTLP/HTTP collector; empty = no export.
+    pub otlp_endpoint: String,
+    pub service_name: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+/// A configuration error: names the key and says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(String),
+    #[error("config key {key}: {problem}; {fix}")]
+    Invalid {
+        key: &'static str,
+        problem: String,
+        fix: &'static str,
+    },
+}
+
+mod load;
+mod redact;
+mod validate;
+
+pub use redact::{is_secret_property, redact_url};
+
+impl Settings {
+    pub fn command_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis.command_timeout_ms)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.pipeline.drain_timeout_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,92 @@
+//! What settings never print: secret librdkafka properties, passwords and
+//! the credentials of urls ([`redact_url`]); the `Debug` of the sections
+//! that hold them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::{KafkaSettings, RedisSettings};
+
+/// Librdkafka properties whose values are secrets: never printed.
+const SECRET_PROPERTIES: [&str; 4] = [
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "sasl.oauthbearer.client.secret",
+];
+
+/// True when a librdkafka property holds a secret.
+pub fn is_secret_property(name: &str) -> bool {
+    SECRET_PROPERTIES.contains(&name) || name.ends_with(".pem") && name.contains("key")
+}
+
+impl fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The pass-through maps may hold sasl.password and key passwords.
+        let redacted = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if is_secret_property(k) { "***" } else { v };
+                    (k.clone(), v.to_owned())
+                })
+                .collect()
+        };
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("input_topic", &self.input_topic)
+            .field("outcome_topic", &self.outcome_topic)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("group_instance_id", &self.group_instance_id)
+            .field("produce_timeout_ms", &self.produce_timeout_ms)
+            .field("sasl_password_file", &self.sasl_password_file)
+            .field("consumer", &redacted(&self.consumer))
+            .field("producer", &redacted(&self.producer))
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("username", &self.username)
+            .field(
+                "password",
+                &if self.password.is_empty() { "" } else { "***" },
+            )
+            .field("password_file", &self.password_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_insecure_skip_verify", &self.tls_insecure_skip_verify)
+            .field("pool_size", &self.pool_size)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("key_prefix", &self.key_prefix)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password_file", &self.sentinel_password_file)
+            .field(
+                "sentinel_password",
+                &if self.sentinel_password.is_empty() {
+                    ""
+                } else {
+                    "***"
+                },
+            )
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout_ms", &self.wait_timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `redis://user:secret@host` -> `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((auth, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
+    }
+}
