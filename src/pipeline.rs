@@ -11,7 +11,7 @@
 //! revoke and at shutdown.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,35 +41,7 @@ use crate::metrics;
 use crate::retry::{retry, RetryError, RetryPolicy};
 use crate::telemetry::EventTracer;
 
-/// Liveness and readiness facts, shared with the HTTP endpoints.
-#[derive(Debug, Default)]
-pub struct Status {
-    /// Partitions assigned now.
-    pub assigned: AtomicUsize,
-    /// Milliseconds since `started` of the last loop iteration that made
-    /// progress (a message handled, a commit, an idle poll).
-    pub last_progress_ms: AtomicU64,
-    /// Events acknowledged since start.
-    pub events_done: AtomicU64,
-    started: std::sync::OnceLock<Instant>,
-}
-
-impl Status {
-    fn origin(&self) -> Instant {
-        *self.started.get_or_init(Instant::now)
-    }
-
-    pub fn touch(&self) {
-        let ms = self.origin().elapsed().as_millis() as u64;
-        self.last_progress_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// How long ago the loop last made progress.
-    pub fn since_progress(&self) -> Duration {
-        let now = self.origin().elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_progress_ms.load(Ordering::Relaxed)))
-    }
-}
+pub use crate::ops::health::Status;
 
 /// Why an event did not complete.
 enum Failure {

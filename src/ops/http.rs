@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::ledger::Ledger;
-use crate::pipeline::Status;
+use crate::ops::health::Status;
 
 #[derive(Clone)]
 struct AppState {

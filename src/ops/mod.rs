@@ -1,4 +1,6 @@
-//! Operating the service: HTTP endpoints and the `check` command.
+//! Operating the service: HTTP endpoints, the health they report, and the
+//! `check` command.
 
 pub mod check;
+pub mod health;
 pub mod http;
