@@ -13,13 +13,7 @@
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 pub const SERVICE: &str = "deductor";
 
@@ -140,104 +134,7 @@ async fn wait_ping(port: u16) {
     .await;
 }
 
-/// What the replication link does with the primary's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Link {
-    Flowing,
-    /// Held: not read from the primary (so never acknowledged by the replica).
-    Stalled,
-    /// Closed without delivering what was held.
-    Cut,
-}
-
-/// A TCP proxy in front of the primary. Connections whose client sent
-/// `PSYNC`/`SYNC` (a replica) obey [`Link`]; the others always flow.
-pub struct LinkProxy {
-    pub port: u16,
-    state: watch::Sender<Link>,
-}
-
-impl LinkProxy {
-    pub async fn start(target: u16) -> LinkProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
-        let port = listener.local_addr().expect("proxy addr").port();
-        let (state, rx) = watch::channel(Link::Flowing);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let rx = rx.clone();
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
-                        return;
-                    };
-                    relay(client, server, rx).await;
-                });
-            }
-        });
-        LinkProxy { port, state }
-    }
-
-    pub fn set(&self, link: Link) {
-        let _ = self.state.send(link);
-    }
-}
-
-async fn relay(client: TcpStream, server: TcpStream, mut rx: watch::Receiver<Link>) {
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    let (mut c_rd, mut c_wr) = client.into_split();
-    let (mut s_rd, mut s_wr) = server.into_split();
-    let replica = Arc::new(AtomicBool::new(false));
-    let is_replica = replica.clone();
-    let upstream = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match c_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
-            if chunk.windows(4).any(|w| w == b"SYNC") {
-                is_replica.store(true, Ordering::SeqCst);
-            }
-            if s_wr.write_all(chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let link = *rx.borrow_and_update();
-        if replica.load(Ordering::SeqCst) {
-            match link {
-                Link::Cut => break,
-                Link::Stalled => {
-                    if rx.changed().await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                Link::Flowing => {}
-            }
-        }
-        tokio::select! {
-            r = s_rd.read(&mut buf) => {
-                let n = match r {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if c_wr.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    upstream.abort();
-}
+pub use deductor_testkit::proxy::{Link, LinkProxy};
 
 /// A primary (behind a [`LinkProxy`]) and one replica, optionally watched by
 /// three sentinels (quorum 2, down after 1 s).
@@ -272,7 +169,7 @@ impl Replicated {
         let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
         let primary = redis(dir.path(), p_port, &auth);
         wait_ping(p_port).await;
-        let proxy = LinkProxy::start(p_port).await;
+        let proxy = LinkProxy::start(0, p_port).await.expect("link proxy");
         let proxy_port = proxy.port.to_string();
         let mut extra = vec!["--replicaof", "127.0.0.1", &proxy_port];
         extra.extend(&auth);

@@ -15,118 +15,16 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+
+use deductor_testkit::proxy::{Link, LinkProxy};
 
 use crate::stack::Redis;
 
 pub const SERVICE: &str = "deductor";
-
-/// What the replication link does with the primary's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Link {
-    Flowing,
-    /// Held: not read from the primary (so never acknowledged by the replica).
-    Stalled,
-    /// Closed without delivering what was held.
-    Cut,
-}
-
-/// A TCP proxy in front of a data node. Connections whose client sent
-/// `PSYNC`/`SYNC` (a replica) obey [`Link`]; the others always flow.
-pub struct LinkProxy {
-    pub port: u16,
-    state: watch::Sender<Link>,
-}
-
-impl LinkProxy {
-    pub async fn start(port: u16, target: u16) -> anyhow::Result<LinkProxy> {
-        let listener = TcpListener::bind(("127.0.0.1", port))
-            .await
-            .with_context(|| format!("binding the link proxy on {port}"))?;
-        let (state, rx) = watch::channel(Link::Flowing);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let rx = rx.clone();
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
-                        return;
-                    };
-                    relay(client, server, rx).await;
-                });
-            }
-        });
-        Ok(LinkProxy { port, state })
-    }
-
-    pub fn set(&self, link: Link) {
-        let _ = self.state.send(link);
-    }
-}
-
-async fn relay(client: TcpStream, server: TcpStream, mut rx: watch::Receiver<Link>) {
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    let (mut c_rd, mut c_wr) = client.into_split();
-    let (mut s_rd, mut s_wr) = server.into_split();
-    let replica = Arc::new(AtomicBool::new(false));
-    let is_replica = replica.clone();
-    let upstream = tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match c_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
-            if chunk.windows(4).any(|w| w == b"SYNC") {
-                is_replica.store(true, Ordering::SeqCst);
-            }
-            if s_wr.write_all(chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let link = *rx.borrow_and_update();
-        if replica.load(Ordering::SeqCst) {
-            match link {
-                Link::Cut => break,
-                Link::Stalled => {
-                    if rx.changed().await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                Link::Flowing => {}
-            }
-        }
-        tokio::select! {
-            r = s_rd.read(&mut buf) => {
-                let n = match r {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if c_wr.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    upstream.abort();
-}
 
 /// `redis-cli -p PORT ARGS...` (stdout, trimmed); empty when it fails.
 fn cli(port: u16, args: &[&str]) -> String {

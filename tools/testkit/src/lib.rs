@@ -1,10 +1,13 @@
-//! What the benchmark (`tools/bench`) and the chaos suite (`tools/chaos`)
-//! share: both drive a real `deductor` against a real broker and Redis.
+//! What the benchmark (`tools/bench`), the chaos suite (`tools/chaos`) and
+//! the integration tests share: both drive a real `deductor` against a real broker and Redis.
 //!
 //! - [`topics`]: fresh topics for a run, and reading a topic back to its end;
 //! - [`service`]: the `deductor` binary as a child process;
-//! - [`rng`]: the seeded PRNG their workloads are made with.
+//! - [`rng`]: the seeded PRNG their workloads are made with;
+//! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
+//!   used by the integration tests in `tests/it`).
 
+pub mod proxy;
 pub mod rng;
 pub mod service;
 pub mod topics;
