@@ -312,11 +312,10 @@ impl Ledger {
                     // one was on its way: repeat that decision, whose reason
                     // is stored on the failing line.
                     self.release(h, &e.lines[..i]).await?;
-                    return Ok(match self.stored_rejection(h, &e.lines).await? {
-                        Some((q, reason, _)) => rejected(true, reason, q),
-                        // The reason expired before the mark: the order stays reverted.
-                        None => rejected(true, Reason::OrderReverted, p),
-                    });
+                    return match self.stored_rejection(h, &e.lines).await? {
+                        Some((q, reason, _)) => Ok(rejected(true, reason, q)),
+                        None => self.redecide_released(e, i).await,
+                    };
                 }
                 Err(reason) => {
                     self.release(h, &e.lines[..i]).await?;
@@ -328,6 +327,49 @@ impl Ledger {
             duplicate: all_duplicate,
             lines: accepted,
         })
+    }
+
+    /// Line `i` of `e` is marked released, but no line holds the event's
+    /// reason: it expired before the mark, or it was written on a Redis node
+    /// that then failed over before replicating it (the event was not
+    /// published then: the durability gate had not passed). The lines after
+    /// `i` were released or never decided: they are decided again, and the
+    /// first rejection is the event's decision (the lines deducted meanwhile
+    /// are released). Only when none rejects is the event rejected
+    /// `order_reverted`, with every line released: a released line is never
+    /// deducted again.
+    async fn redecide_released(
+        &self,
+        e: &OrderPlaced,
+        i: usize,
+    ) -> Result<PlaceDecision, LedgerError> {
+        let h = &e.header;
+        for (j, line) in e.lines.iter().enumerate().skip(i + 1) {
+            let q = &line.promotion_id;
+            let reply = match self.deduct(h, line).await {
+                Ok(reply) => reply,
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, q, &err);
+                    self.release(h, &e.lines[..j]).await?;
+                    return Ok(rejected(false, Reason::CorruptPromotion, q));
+                }
+                Err(err) => return Err(err),
+            };
+            match reply.status {
+                Ok(()) => {}
+                Err(_) if reply.released => {}
+                Err(reason) => {
+                    self.release(h, &e.lines[..j]).await?;
+                    return Ok(rejected(reply.duplicate, reason, q));
+                }
+            }
+        }
+        self.release(h, &e.lines).await?;
+        Ok(rejected(
+            true,
+            Reason::OrderReverted,
+            &e.lines[i].promotion_id,
+        ))
     }
 
     /// The first stored rejection of the event on `lines` (in line order),

@@ -461,3 +461,43 @@ async fn a_guarded_replace_refuses_while_deductions_are_outstanding() {
     assert_eq!(r.promo_field("p", "stock").await.as_deref(), Some("9"));
     assert_eq!(r.promo_field("p", "gen").await.as_deref(), Some("2"));
 }
+
+/// A line marked released while no line holds the event's reason: the
+/// reason was written on a Redis node that failed over before replicating it
+/// (the event was not published: the durability gate had not passed). Found
+/// by the chaos suite's Cluster failover run, which got `order_reverted` for
+/// an order never refunded. The event is decided again instead.
+#[tokio::test]
+async fn a_released_event_whose_reason_was_lost_is_decided_again() {
+    let r = standalone().await;
+    for p in ["a", "b"] {
+        admin::promo_set(&r.ledger, &id(p), spec(Some(1000), Some(10), None), false)
+            .await
+            .unwrap();
+    }
+    let e = placed(
+        "e1",
+        "o1",
+        "c1",
+        T,
+        &[("a", 10, 1), ("b", 10, 1), ("ghost", 1, 1)],
+    );
+    let first = r.ledger.place(&e).await.unwrap();
+    assert_eq!(
+        rejected(&first),
+        (false, Reason::PromotionNotFound, "ghost".to_owned())
+    );
+    // The failing line's reason is lost; the released marks of a and b stay.
+    r.del(&r.keys().rejected(&id("ghost"), &id("e1"))).await;
+    let again = r.ledger.place(&e).await.unwrap();
+    let (_, reason, p) = rejected(&again);
+    assert_eq!((reason, p.as_str()), (Reason::PromotionNotFound, "ghost"));
+    // Nothing is held, and the reason is stored again.
+    audit_clean(&r, "a").await;
+    audit_clean(&r, "b").await;
+    let third = r.ledger.place(&e).await.unwrap();
+    assert_eq!(
+        rejected(&third),
+        (true, Reason::PromotionNotFound, "ghost".to_owned())
+    );
+}
