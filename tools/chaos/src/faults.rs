@@ -448,7 +448,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             // Like the stalls: the link stalls first, then the next burst
             // arrives, so the primary takes writes its replica lacks.
             let mut set = set.lock().await;
-            let stalled = set.stall(rng.below(3))?;
+            let stalled = set.stall(rng.below(3)).await?;
             next_burst(env).await;
             pause(rng, 300, 1_000).await;
             set.fail_over(stalled).await?

@@ -185,9 +185,53 @@ impl Replicated {
 
     /// The first half of the failover fault: the replica's link stalls
     /// (the primary's writes from now on stay unreplicated).
-    pub fn stall(&mut self) -> Instant {
+    pub async fn stall(&mut self) -> anyhow::Result<Instant> {
+        self.settle().await?;
         self.proxies[self.primary].set(Link::Stalled);
-        Instant::now()
+        Ok(Instant::now())
+    }
+
+    /// Until every sentinel names the same primary and the other node is
+    /// its replica with the link up; the primary is then whichever node the
+    /// sentinels name. Sentinel may fail over once more right after a fault
+    /// (a sentinel that had not yet seen the promotion starts its own, and
+    /// can promote the old primary just restarted as a replica): the fault
+    /// takes the topology as Sentinel leaves it.
+    async fn settle(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let named: Vec<String> = self
+                .sentinels
+                .iter()
+                .map(|(p, _)| {
+                    cli(*p, &["SENTINEL", "get-master-addr-by-name", SERVICE])
+                        .lines()
+                        .nth(1)
+                        .unwrap_or("")
+                        .trim()
+                        .to_owned()
+                })
+                .collect();
+            let agreed = named.iter().all(|n| !n.is_empty() && *n == named[0]);
+            let primary = self
+                .proxies
+                .iter()
+                .position(|x| agreed && x.port.to_string() == named[0]);
+            if let Some(p) = primary {
+                let replica = self.node_port(1 - p);
+                let own = self.node_port(p);
+                if cli(own, &["INFO", "replication"]).contains("role:master")
+                    && cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
+                {
+                    self.primary = p;
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("Sentinel did not settle within 120 s (sentinels name {named:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The second half, after [`Replicated::stall`]: the primary is
@@ -227,8 +271,7 @@ impl Replicated {
                 n.start()
             })?;
         }
-        self.wait_in_sync(old).await?;
-        self.primary = new;
+        self.settle().await?;
         self.failovers += 1;
         Ok(format!(
             "replica link of node {old} stalled {} ms, node {old} SIGKILLed; \
@@ -455,9 +498,9 @@ impl Topology {
         }
     }
 
-    pub fn stall(&mut self, pick: usize) -> anyhow::Result<Instant> {
+    pub async fn stall(&mut self, pick: usize) -> anyhow::Result<Instant> {
         match self {
-            Topology::Sentinel(s) => Ok(s.stall()),
+            Topology::Sentinel(s) => s.stall().await,
             Topology::Cluster(c) => c.stall(pick),
         }
     }
