@@ -59,15 +59,7 @@ impl Drop for Proc {
     }
 }
 
-/// `redis-cli -p PORT ARGS...` (stdout, trimmed); empty when it fails.
-pub fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
+pub use deductor_testkit::redis_cli::cli;
 
 /// `INFO replication` field of the node on `port`.
 pub fn repl_field(port: u16, field: &str) -> String {

@@ -21,20 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use deductor_testkit::proxy::{Link, LinkProxy};
+use deductor_testkit::redis_cli::cli;
 
 use crate::stack::Redis;
 
 pub const SERVICE: &str = "deductor";
-
-/// `redis-cli -p PORT ARGS...` (stdout, trimmed); empty when it fails.
-fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
 
 /// Polls `check` every 100 ms for up to `limit`.
 async fn eventually(
@@ -60,7 +51,6 @@ pub struct Replicated {
     /// Index of the node that is the primary now.
     pub primary: usize,
     sentinels: Vec<(u16, Child)>,
-    pub failovers: u32,
 }
 
 impl Replicated {
@@ -93,7 +83,6 @@ impl Replicated {
             proxies,
             primary: 0,
             sentinels: Vec::new(),
-            failovers: 0,
         };
         set.wait_in_sync(1).await?;
         for k in 0..3 {
@@ -272,7 +261,6 @@ impl Replicated {
             })?;
         }
         self.settle().await?;
-        self.failovers += 1;
         Ok(format!(
             "replica link of node {old} stalled {} ms, node {old} SIGKILLed; \
              node {new} promoted after {promoted_ms} ms; node {old} back as its \
@@ -305,7 +293,6 @@ impl Replicated {
 pub struct ReplicatedCluster {
     pub nodes: Vec<Arc<Mutex<Redis>>>,
     pub proxies: Vec<LinkProxy>,
-    pub failovers: u32,
     /// The node a fault is failing over: (index, the replica's index).
     pending: Option<(usize, usize)>,
 }
@@ -349,7 +336,6 @@ impl ReplicatedCluster {
         let c = ReplicatedCluster {
             nodes,
             proxies,
-            failovers: 0,
             pending: None,
         };
         c.wait_healthy().await?;
@@ -465,7 +451,6 @@ impl ReplicatedCluster {
             })?;
         }
         self.wait_healthy().await?;
-        self.failovers += 1;
         Ok(format!(
             "cluster: replica link of node {old} stalled {} ms, node {old} SIGKILLed; \
              node {new} promoted after {promoted_ms} ms; node {old} back as its \

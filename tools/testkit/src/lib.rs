@@ -4,10 +4,12 @@
 //! - [`topics`]: fresh topics for a run, and reading a topic back to its end;
 //! - [`service`]: the `deductor` binary as a child process;
 //! - [`rng`]: the seeded PRNG their workloads are made with;
+//! - [`redis_cli`]: `redis-cli` against a loopback node;
 //! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
 //!   used by the integration tests in `tests/it`).
 
 pub mod proxy;
+pub mod redis_cli;
 pub mod rng;
 pub mod service;
 pub mod topics;
