@@ -10,15 +10,12 @@
 //! `per_customer` or than their `used` counter, and no counter is above
 //! `per_customer`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io::Write;
 
-use fred::prelude::*;
-use fred::types::scan::ScanType;
-use futures::stream::StreamExt;
-
 use crate::domain::event::Id;
-use crate::ledger::Ledger;
+use crate::ledger::store::KeyType;
+use crate::ledger::{Ledger, LedgerError};
 
 /// The findings for one promotion.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -115,61 +112,28 @@ fn int(v: Option<&String>) -> Option<i64> {
     v.and_then(|s| s.parse().ok())
 }
 
-async fn keys(ledger: &Ledger, pattern: &str) -> Result<Vec<String>, Error> {
-    let client = ledger.pool().next();
-    let mut out = Vec::new();
-    let mut stream = if client.is_clustered() {
-        client
-            .scan_cluster_buffered(pattern, Some(1000), None)
-            .boxed()
-    } else {
-        client.scan_buffered(pattern, Some(1000), None).boxed()
-    };
-    while let Some(k) = stream.next().await {
-        if let Some(s) = k?.as_str() {
-            out.push(s.to_owned());
-        }
-    }
-    Ok(out)
-}
-
 /// Every promotion id under the key prefix (keys `prefix:{P}` of type hash).
-pub async fn promotions(ledger: &Ledger) -> Result<Vec<Id>, Error> {
+pub async fn promotions(ledger: &Ledger) -> Result<Vec<Id>, LedgerError> {
     let prefix = ledger.keys().prefix().to_owned();
-    let client = ledger.pool().next();
-    let pattern = format!("{prefix}:{{*}}");
-    let mut stream = if client.is_clustered() {
-        client
-            .scan_cluster_buffered(pattern, Some(1000), Some(ScanType::Hash))
-            .boxed()
-    } else {
-        client
-            .scan_buffered(pattern, Some(1000), Some(ScanType::Hash))
-            .boxed()
-    };
-    let mut ids = BTreeSet::new();
-    while let Some(k) = stream.next().await {
-        let k = k?;
-        let Some(s) = k.as_str() else { continue };
-        let inner = s
-            .strip_prefix(&format!("{prefix}:{{"))
-            .and_then(|r| r.strip_suffix('}'));
-        if let Some(id) = inner.and_then(|i| Id::parse(i).ok()) {
-            ids.insert(id);
-        }
-    }
+    let open = format!("{prefix}:{{");
+    let ids: BTreeSet<Id> = ledger
+        .scan(&format!("{open}*}}"), KeyType::Hash)
+        .await?
+        .iter()
+        .filter_map(|k| k.strip_prefix(&open)?.strip_suffix('}'))
+        .filter_map(|i| Id::parse(i).ok())
+        .collect();
     Ok(ids.into_iter().collect())
 }
 
 /// Gathers and judges one promotion.
-pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, Error> {
-    let pool = ledger.pool();
+pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, LedgerError> {
     let keys_of = ledger.keys();
     let mut r = Report {
         promotion: p.to_string(),
         ..Report::default()
     };
-    let h: HashMap<String, String> = pool.hgetall(keys_of.promotion(p)).await?;
+    let h = ledger.hash(&keys_of.promotion(p)).await?;
     r.exists = !h.is_empty();
     r.budget = int(h.get("budget"));
     r.stock = int(h.get("stock"));
@@ -177,8 +141,11 @@ pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, Error> {
     r.initial_stock = int(h.get("initial_stock"));
     r.per_customer = int(h.get("per_customer"));
     let gen = h.get("gen");
-    for key in keys(ledger, &keys_of.record_pattern(p)).await? {
-        let rec: HashMap<String, String> = pool.hgetall(&key).await?;
+    for key in ledger
+        .scan(&keys_of.record_pattern(p), KeyType::Any)
+        .await?
+    {
+        let rec = ledger.hash(&key).await?;
         r.records += 1;
         if rec.get("state").map(String::as_str) != Some("deducted") {
             continue;
@@ -196,8 +163,11 @@ pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, Error> {
         }
     }
     let used_prefix = format!("{}:{{{}}}:used:", keys_of.prefix(), p);
-    for key in keys(ledger, &format!("{used_prefix}*")).await? {
-        let v: Option<String> = pool.get(&key).await?;
+    for key in ledger
+        .scan(&format!("{used_prefix}*"), KeyType::Any)
+        .await?
+    {
+        let v = ledger.string(&key).await?;
         let n = v.and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
         r.customers += 1;
         r.max_used = r.max_used.max(n);

@@ -86,22 +86,13 @@ mod tests {
         let p = Id::parse("p").unwrap();
         let refused: anyhow::Error = AdminError::NotFound(p).into();
         assert_eq!(exit_code(&refused), EXIT_FAILED);
-        let down = LedgerError::redis(
-            "connect",
-            fred::error::Error::new(fred::error::ErrorKind::IO, "refused"),
-        );
+        let down = LedgerError::fake("connect", "io");
         let down: anyhow::Error = anyhow::Error::from(down).context("redis");
         assert_eq!(exit_code(&down), EXIT_UNREACHABLE);
-        let wrapped: anyhow::Error = AdminError::Ledger(LedgerError::redis(
-            "hgetall",
-            fred::error::Error::new(fred::error::ErrorKind::Timeout, "slow"),
-        ))
-        .into();
+        let wrapped: anyhow::Error =
+            AdminError::Ledger(LedgerError::fake("hgetall", "timeout")).into();
         assert_eq!(exit_code(&wrapped), EXIT_UNREACHABLE);
-        let auth = LedgerError::redis(
-            "connect",
-            fred::error::Error::new(fred::error::ErrorKind::Auth, "WRONGPASS"),
-        );
+        let auth = LedgerError::fake("connect", "auth");
         assert_eq!(exit_code(&auth.into()), EXIT_USAGE);
         let kafka = KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown);
         assert_eq!(

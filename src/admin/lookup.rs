@@ -7,13 +7,11 @@
 //! stored rather than refused. Without `--promotion`, the keys are found
 //! with SCAN across every promotion under the prefix.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use fred::prelude::{HashesInterface, KeysInterface};
-
-use super::scan_keys;
 use crate::domain::event::Id;
+use crate::ledger::store::KeyType;
 use crate::ledger::{Ledger, LedgerError};
 
 /// One refund result: from a record's `refund:<E>` field or from an old
@@ -358,7 +356,11 @@ async fn find(ledger: &Ledger, p: Option<&Id>, suffix: &str) -> Result<Vec<Strin
     let prefix = ledger.keys().prefix();
     match p {
         Some(p) => Ok(vec![format!("{prefix}:{{{p}}}:{suffix}")]),
-        None => scan_keys(ledger, &format!("{prefix}:{{*}}:{suffix}"), None).await,
+        None => {
+            ledger
+                .scan(&format!("{prefix}:{{*}}:{suffix}"), KeyType::Any)
+                .await
+        }
     }
 }
 
@@ -370,26 +372,13 @@ async fn read_record(ledger: &Ledger, key: &str) -> Result<Option<Record>, Ledge
     let Some(order) = rest.strip_prefix("order:") else {
         return Ok(None);
     };
-    let h: HashMap<String, String> = ledger
-        .pool()
-        .hgetall(key)
-        .await
-        .map_err(|e| LedgerError::redis("hgetall", e))?;
+    let h = ledger.hash(key).await?;
     if h.is_empty() {
         return Ok(None);
     }
     let promo_key = format!("{prefix}:{{{p}}}");
-    let pool = ledger.pool();
-    let exists: bool = pool
-        .exists(&promo_key)
-        .await
-        .map_err(|e| LedgerError::redis("exists", e))?;
-    let promotion = if exists {
-        let gen: Option<String> = pool
-            .hget(&promo_key, "gen")
-            .await
-            .map_err(|e| LedgerError::redis("hget", e))?;
-        Some(gen)
+    let promotion = if ledger.exists(&promo_key).await? {
+        Some(ledger.hash_field(&promo_key, "gen").await?)
     } else {
         None
     };
@@ -421,16 +410,12 @@ pub async fn order_show(ledger: &Ledger, o: &Id, p: Option<&Id>) -> Result<Order
 /// absorbed into or refunded (found by SCAN over the records).
 pub async fn event_show(ledger: &Ledger, e: &Id, p: Option<&Id>) -> Result<EventView, LedgerError> {
     let prefix = ledger.keys().prefix().to_owned();
-    let pool = ledger.pool();
     let mut view = EventView {
         event_id: e.to_string(),
         ..EventView::default()
     };
     for key in find(ledger, p, &format!("rejected:{e}")).await? {
-        let v: Option<String> = pool
-            .get(&key)
-            .await
-            .map_err(|x| LedgerError::redis("get", x))?;
+        let v = ledger.string(&key).await?;
         if let (Some(v), Some((p, _))) = (v, split_key(&prefix, &key)) {
             view.memos.push(Memo {
                 promotion_id: p.to_owned(),
@@ -439,10 +424,7 @@ pub async fn event_show(ledger: &Ledger, e: &Id, p: Option<&Id>) -> Result<Event
         }
     }
     for key in find(ledger, p, &format!("refund:{e}")).await? {
-        let v: Option<String> = pool
-            .get(&key)
-            .await
-            .map_err(|x| LedgerError::redis("get", x))?;
+        let v = ledger.string(&key).await?;
         if let (Some(v), Some((p, _))) = (v, split_key(&prefix, &key)) {
             let r = RefundResult {
                 event_id: e.to_string(),
@@ -456,7 +438,7 @@ pub async fn event_show(ledger: &Ledger, e: &Id, p: Option<&Id>) -> Result<Event
         None => format!("{prefix}:{{*}}:order:*"),
     };
     let refund_field = format!("refund:{e}");
-    for key in scan_keys(ledger, &pattern, None).await? {
+    for key in ledger.scan(&pattern, KeyType::Any).await? {
         let Some(r) = read_record(ledger, &key).await? else {
             continue;
         };

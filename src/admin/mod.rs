@@ -13,15 +13,12 @@ pub mod dlq;
 pub mod lookup;
 pub mod promo;
 
-use std::collections::HashMap;
 use std::fmt;
 
-use fred::prelude::{ClientLike, HashesInterface};
-use fred::types::scan::ScanType;
-use futures::stream::StreamExt;
-
 use crate::domain::event::Id;
-use crate::ledger::{scripts, Ledger, LedgerError};
+use crate::ledger::calls::SetMode;
+use crate::ledger::reply::SetReply;
+use crate::ledger::{Ledger, LedgerError};
 
 /// Largest amount a promotion field may hold: 15 digits keep the scripts'
 /// Lua arithmetic exact.
@@ -159,7 +156,12 @@ pub async fn promo_set(
     spec: PromoSpec,
     force: bool,
 ) -> Result<PromoSetResult, AdminError> {
-    set_as(ledger, p, spec, if force { "2" } else { "0" }).await
+    let mode = if force {
+        SetMode::Replace
+    } else {
+        SetMode::Create
+    };
+    set_as(ledger, p, spec, mode).await
 }
 
 /// `promo set --force` without `--discard-outstanding`: replaces `p` only
@@ -170,48 +172,33 @@ pub async fn promo_replace_if_settled(
     p: &Id,
     spec: PromoSpec,
 ) -> Result<PromoSetResult, AdminError> {
-    set_as(ledger, p, spec, "1").await
+    set_as(ledger, p, spec, SetMode::ReplaceIdle).await
 }
 
 async fn set_as(
     ledger: &Ledger,
     p: &Id,
     spec: PromoSpec,
-    mode: &str,
+    mode: SetMode,
 ) -> Result<PromoSetResult, AdminError> {
     spec.validate()?;
-    let mut args = vec![mode.to_owned()];
-    for (k, v) in spec.fields() {
-        args.push(k.to_owned());
-        args.push(v);
-    }
-    let keys = vec![ledger.keys().promotion(p), ledger.keys().generation(p)];
-    let reply = ledger.run(&scripts::PROMO_SET, None, p, keys, args).await?;
-    match reply.as_str().as_deref() {
-        Some("created") => Ok(PromoSetResult::Created),
-        Some("replaced") => Ok(PromoSetResult::Replaced),
-        Some("exists") => Err(AdminError::Exists(p.clone())),
-        Some("outstanding") => Err(AdminError::Refused(format!(
+    let fields = spec.fields();
+    match ledger.promo_set(p, mode, fields).await? {
+        SetReply::Created => Ok(PromoSetResult::Created),
+        SetReply::Replaced => Ok(PromoSetResult::Replaced),
+        SetReply::Exists => Err(AdminError::Exists(p.clone())),
+        SetReply::Outstanding => Err(AdminError::Refused(format!(
             "promotion {p} has outstanding deductions (a deduction landed meanwhile); \
              nothing was replaced: change it in place with promo adjust / limit / pause / \
              resume, or pass --discard-outstanding"
         ))),
-        _ => Err(LedgerError::MalformedReply {
-            script: scripts::PROMO_SET.name,
-            detail: format!("{reply:?}"),
-        }
-        .into()),
     }
 }
 
 /// Reads promotion `p`; `None` when it does not exist.
 pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, AdminError> {
     let key = ledger.keys().promotion(p);
-    let h: HashMap<String, String> = ledger
-        .pool()
-        .hgetall(&key)
-        .await
-        .map_err(|e| LedgerError::redis("hgetall", e))?;
+    let h = ledger.hash(&key).await?;
     if h.is_empty() {
         return Ok(None);
     }
@@ -244,31 +231,6 @@ pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, Ad
         initial_stock: num("initial_stock")?,
         gen: num("gen")?,
     }))
-}
-
-/// Every key matching `pattern` (and of type `kind`, when given), with
-/// `SCAN` (never `KEYS`), over every primary of a Cluster.
-pub(crate) async fn scan_keys(
-    ledger: &Ledger,
-    pattern: &str,
-    kind: Option<ScanType>,
-) -> Result<Vec<String>, LedgerError> {
-    let client = ledger.pool().next();
-    let mut stream = if client.is_clustered() {
-        client
-            .scan_cluster_buffered(pattern, Some(1000), kind)
-            .boxed()
-    } else {
-        client.scan_buffered(pattern, Some(1000), kind).boxed()
-    };
-    let mut out = Vec::new();
-    while let Some(k) = stream.next().await {
-        let k = k.map_err(|e| LedgerError::redis("scan", e))?;
-        if let Some(s) = k.as_str() {
-            out.push(s.to_owned());
-        }
-    }
-    Ok(out)
 }
 
 /// The contract's canonical integer: `0` or no leading zero, digits only,

@@ -8,12 +8,12 @@
 
 use std::fmt;
 
-use fred::prelude::{HashesInterface, KeysInterface, Value};
-use fred::types::scan::ScanType;
-
-use super::{promo_show, scan_keys, AdminError, PromoView, MAX_PROMO_AMOUNT};
+use super::{promo_show, AdminError, PromoView, MAX_PROMO_AMOUNT};
 use crate::domain::event::Id;
-use crate::ledger::{scripts, Ledger, LedgerError};
+pub use crate::ledger::reply::Amounts;
+use crate::ledger::reply::{AdjustReply, AdjustVerdict, DeleteReply, LimitReply, StatusReply};
+use crate::ledger::store::KeyType;
+use crate::ledger::Ledger;
 
 /// What pause / resume / limit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,57 +23,14 @@ pub enum Change {
     Unchanged,
 }
 
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.to_string()),
-        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
-        _ => None,
-    }
-}
-
-/// The items of an array reply of exactly `n` items.
-fn items(script: &'static str, reply: Value, n: usize) -> Result<Vec<Value>, LedgerError> {
-    match reply {
-        Value::Array(items) if items.len() == n => Ok(items),
-        other => Err(LedgerError::malformed(
-            script,
-            format!("expected {n} items, got {other:?}"),
-        )),
-    }
-}
-
-/// An amount of a reply: `-1` = absent.
-fn amount(script: &'static str, v: &Value) -> Result<Option<u64>, LedgerError> {
-    match v {
-        Value::Integer(-1) => Ok(None),
-        Value::Integer(n) if *n >= 0 => Ok(Some(*n as u64)),
-        other => Err(LedgerError::malformed(script, format!("amount {other:?}"))),
-    }
-}
-
-async fn run_one(
-    ledger: &Ledger,
-    script: &scripts::Script,
-    p: &Id,
-    args: Vec<String>,
-) -> Result<Value, LedgerError> {
-    let key = ledger.keys().promotion(p);
-    ledger.run(script, None, p, vec![key], args).await
-}
-
 /// Pauses (`paused`) or resumes promotion `p`: only its `status` is written.
 /// A paused promotion rejects placements `promotion_inactive`; refunds still
 /// return their amounts to it.
 pub async fn set_paused(ledger: &Ledger, p: &Id, paused: bool) -> Result<Change, AdminError> {
-    let want = if paused { "paused" } else { "active" };
-    let script = &scripts::PROMO_STATUS;
-    let reply = run_one(ledger, script, p, vec![want.to_owned()]).await?;
-    let items = items(script.name, reply, 2)?;
-    match text(&items[0]).as_deref() {
-        Some("changed") => Ok(Change::Changed),
-        Some("unchanged") => Ok(Change::Unchanged),
-        Some("not_found") => Err(AdminError::NotFound(p.clone())),
-        other => Err(LedgerError::malformed(script.name, format!("result {other:?}")).into()),
+    match ledger.promo_status(p, paused).await? {
+        StatusReply::Changed => Ok(Change::Changed),
+        StatusReply::Unchanged => Ok(Change::Unchanged),
+        StatusReply::NotFound => Err(AdminError::NotFound(p.clone())),
     }
 }
 
@@ -82,32 +39,6 @@ pub async fn set_paused(ledger: &Ledger, p: &Id, paused: bool) -> Result<Change,
 pub struct Adjustment {
     pub budget: Option<i64>,
     pub stock: Option<i64>,
-}
-
-/// A promotion's amounts after an adjustment; `None` = absent (unlimited,
-/// or for `initial_*`, not recorded).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Amounts {
-    pub budget: Option<u64>,
-    pub initial_budget: Option<u64>,
-    pub stock: Option<u64>,
-    pub initial_stock: Option<u64>,
-}
-
-impl fmt::Display for Amounts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let one = |left: Option<u64>, initial: Option<u64>| match (left, initial) {
-            (None, _) => "unlimited".to_owned(),
-            (Some(l), Some(i)) => format!("{l} remaining of {i}"),
-            (Some(l), None) => format!("{l} remaining"),
-        };
-        write!(
-            f,
-            "budget {}, stock {}",
-            one(self.budget, self.initial_budget),
-            one(self.stock, self.initial_stock)
-        )
-    }
 }
 
 /// Moves the remaining amount and `initial_*` of each given dimension by
@@ -128,38 +59,31 @@ pub async fn adjust(ledger: &Ledger, p: &Id, a: Adjustment) -> Result<Amounts, A
             )));
         }
     }
-    let arg = |d: Option<i64>| d.map(|d| d.to_string()).unwrap_or_default();
-    let script = &scripts::PROMO_ADJUST;
-    let reply = run_one(ledger, script, p, vec![arg(a.budget), arg(a.stock)]).await?;
-    let items = items(script.name, reply, 6)?;
-    let now = Amounts {
-        budget: amount(script.name, &items[2])?,
-        initial_budget: amount(script.name, &items[3])?,
-        stock: amount(script.name, &items[4])?,
-        initial_stock: amount(script.name, &items[5])?,
-    };
-    let field = text(&items[1]).unwrap_or_default();
+    let AdjustReply {
+        verdict,
+        field,
+        amounts: now,
+    } = ledger.promo_adjust(p, a.budget, a.stock).await?;
     let (delta, left) = match field.as_str() {
         "budget" => (a.budget.unwrap_or(0), now.budget),
         _ => (a.stock.unwrap_or(0), now.stock),
     };
     let left = left.map_or("none".to_owned(), |v| v.to_string());
-    match text(&items[0]).as_deref() {
-        Some("adjusted") => Ok(now),
-        Some("not_found") => Err(AdminError::NotFound(p.clone())),
-        Some("unlimited") => Err(AdminError::Refused(format!(
+    match verdict {
+        AdjustVerdict::Adjusted => Ok(now),
+        AdjustVerdict::NotFound => Err(AdminError::NotFound(p.clone())),
+        AdjustVerdict::Unlimited => Err(AdminError::Refused(format!(
             "promotion {p} has no {field} limit (unlimited): there is nothing to adjust; \
              nothing changed"
         ))),
-        Some("below_zero") => Err(AdminError::Refused(format!(
+        AdjustVerdict::BelowZero => Err(AdminError::Refused(format!(
             "{field} {delta:+} would take promotion {p}'s {field} below 0 \
              ({left} remaining); nothing changed"
         ))),
-        Some("above_max") => Err(AdminError::Refused(format!(
+        AdjustVerdict::AboveMax => Err(AdminError::Refused(format!(
             "{field} {delta:+} would take promotion {p}'s {field} above {MAX_PROMO_AMOUNT} \
              ({left} remaining); nothing changed"
         ))),
-        other => Err(LedgerError::malformed(script.name, format!("result {other:?}")).into()),
     }
 }
 
@@ -177,16 +101,10 @@ pub async fn limit(
             "per_customer must be at most {MAX_PROMO_AMOUNT}"
         )));
     }
-    let script = &scripts::PROMO_LIMIT;
-    let arg = per_customer.map(|n| n.to_string()).unwrap_or_default();
-    let reply = run_one(ledger, script, p, vec![arg]).await?;
-    let items = items(script.name, reply, 2)?;
-    let previous = amount(script.name, &items[1])?;
-    match text(&items[0]).as_deref() {
-        Some("set") | Some("removed") => Ok((Change::Changed, previous)),
-        Some("unchanged") => Ok((Change::Unchanged, previous)),
-        Some("not_found") => Err(AdminError::NotFound(p.clone())),
-        other => Err(LedgerError::malformed(script.name, format!("result {other:?}")).into()),
+    match ledger.promo_limit(p, per_customer).await? {
+        LimitReply::Changed { previous } => Ok((Change::Changed, previous)),
+        LimitReply::Unchanged { previous } => Ok((Change::Unchanged, previous)),
+        LimitReply::NotFound => Err(AdminError::NotFound(p.clone())),
     }
 }
 
@@ -242,19 +160,20 @@ impl fmt::Display for Outstanding {
 /// what is outstanding. Records of a replaced incarnation are not counted:
 /// refunds give them nothing back anyway.
 pub async fn count_deducted(ledger: &Ledger, p: &Id) -> Result<usize, AdminError> {
-    let pool = ledger.pool();
-    let gen: Option<String> = pool
-        .hget(ledger.keys().promotion(p), "gen")
-        .await
-        .map_err(|e| LedgerError::redis("hget", e))?;
-    let keys = scan_keys(ledger, &ledger.keys().record_pattern(p), None).await?;
+    let gen = ledger
+        .hash_field(&ledger.keys().promotion(p), "gen")
+        .await?;
+    let keys = ledger
+        .scan(&ledger.keys().record_pattern(p), KeyType::Any)
+        .await?;
     let mut n = 0;
     for key in keys {
-        let (state, rec_gen): (Option<String>, Option<String>) = pool
-            .hmget(&key, vec!["state", "gen"])
-            .await
-            .map_err(|e| LedgerError::redis("hmget", e))?;
-        if state.as_deref() == Some("deducted") && rec_gen == gen {
+        let fields = ledger.hash_fields(&key, &["state", "gen"]).await?;
+        let (state, rec_gen) = match fields.as_slice() {
+            [state, rec_gen] => (state.as_deref(), rec_gen),
+            _ => (None, &None),
+        };
+        if state == Some("deducted") && *rec_gen == gen {
             n += 1;
         }
     }
@@ -273,12 +192,8 @@ pub async fn customers_over(
     let pattern = format!("{}:{{{p}}}:used:*", ledger.keys().prefix());
     let mut over = 0;
     let mut max = 0;
-    for key in scan_keys(ledger, &pattern, None).await? {
-        let v: Option<String> = ledger
-            .pool()
-            .get(&key)
-            .await
-            .map_err(|e| LedgerError::redis("get", e))?;
+    for key in ledger.scan(&pattern, KeyType::Any).await? {
+        let v = ledger.string(&key).await?;
         let n: u64 = v.and_then(|v| v.parse().ok()).unwrap_or(0);
         if n > limit {
             over += 1;
@@ -333,35 +248,21 @@ pub async fn guard_replace(ledger: &Ledger, p: &Id) -> Result<(), AdminError> {
 /// be, else by counting records with SCAN first. Records, memos and
 /// per-customer counters are left to expire with their TTLs.
 pub async fn delete(ledger: &Ledger, p: &Id, force: bool) -> Result<(), AdminError> {
-    let script = &scripts::PROMO_DELETE;
-    let mode = if force { "force" } else { "check" };
-    let reply = run_one(ledger, script, p, vec![mode.to_owned()]).await?;
-    let items = items(script.name, reply, 3)?;
-    let signed = |v: &Value| -> Result<Option<i64>, LedgerError> {
-        match text(v).as_deref() {
-            Some("") => Ok(None),
-            Some(s) => s
-                .parse()
-                .map(Some)
-                .map_err(|_| LedgerError::malformed(script.name, format!("amount {s:?}"))),
-            None => Err(LedgerError::malformed(script.name, format!("amount {v:?}"))),
-        }
-    };
     let refuse = |o: Outstanding| {
         AdminError::Refused(format!(
             "promotion {p} has outstanding deductions ({o}): once it is deleted, refunds \
              cannot return them; pass --force to delete it anyway"
         ))
     };
-    match text(&items[0]).as_deref() {
-        Some("deleted") => Ok(()),
-        Some("not_found") => Err(AdminError::NotFound(p.clone())),
-        Some("outstanding") => Err(refuse(Outstanding {
-            budget: signed(&items[1])?,
-            stock: signed(&items[2])?,
+    match ledger.promo_delete(p, force).await? {
+        DeleteReply::Deleted => Ok(()),
+        DeleteReply::NotFound => Err(AdminError::NotFound(p.clone())),
+        DeleteReply::Outstanding { budget, stock } => Err(refuse(Outstanding {
+            budget,
+            stock,
             orders: None,
         })),
-        Some("unknown") => {
+        DeleteReply::Unknown => {
             let n = count_deducted(ledger, p).await?;
             if n > 0 {
                 return Err(refuse(Outstanding {
@@ -371,7 +272,6 @@ pub async fn delete(ledger: &Ledger, p: &Id, force: bool) -> Result<(), AdminErr
             }
             Box::pin(delete(ledger, p, true)).await
         }
-        other => Err(LedgerError::malformed(script.name, format!("result {other:?}")).into()),
     }
 }
 
@@ -423,7 +323,7 @@ pub async fn list(
 ) -> Result<Vec<Listed>, AdminError> {
     let prefix = ledger.keys().prefix().to_owned();
     let open = format!("{prefix}:{{");
-    let keys = scan_keys(ledger, &format!("{open}*}}"), Some(ScanType::Hash)).await?;
+    let keys = ledger.scan(&format!("{open}*}}"), KeyType::Hash).await?;
     let mut ids: Vec<Id> = keys
         .iter()
         .filter_map(|k| k.strip_prefix(&open)?.strip_suffix('}'))

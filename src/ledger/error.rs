@@ -152,6 +152,21 @@ impl LedgerError {
         e
     }
 
+    /// TEST-ONLY: the error fred reports for `op` when the connection is
+    /// refused (`"io"`), times out (`"timeout"`) or the login is refused
+    /// (`"auth"`), for the tests of modules that must not import fred.
+    #[cfg(test)]
+    pub(crate) fn fake(op: &'static str, what: &str) -> LedgerError {
+        use fred::error::ErrorKind;
+        let kind = match what {
+            "io" => ErrorKind::IO,
+            "timeout" => ErrorKind::Timeout,
+            "auth" => ErrorKind::Auth,
+            other => panic!("no fake Redis error {other:?}"),
+        };
+        LedgerError::redis(op, RedisError::new(kind, what.to_owned()))
+    }
+
     pub(crate) fn malformed(script: &'static str, detail: impl Into<String>) -> LedgerError {
         let e = LedgerError::MalformedReply {
             script,

@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use fred::prelude::{ClientLike, ClusterInterface};
-use fred::types::InfoKind;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
@@ -413,40 +411,21 @@ fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
 /// `volatile-*` policies evict them). `INFO` is in the service's ACL; a
 /// refusal is a warning too (durability could not be checked).
 async fn durability_check(r: &mut Report, ledger: &Ledger) {
-    let client = ledger.pool().next();
-    let mut nodes: Vec<Option<fred::types::config::Server>> = vec![None];
-    if client.is_clustered() {
-        if let Some(state) = client.cached_cluster_state() {
-            nodes = state.unique_primary_nodes().into_iter().map(Some).collect();
-        }
-    }
     let mut problems = Vec::new();
-    for node in nodes {
-        let name = node.as_ref().map(|s| format!("{s} ")).unwrap_or_default();
-        let info = |kind| {
-            let node = node.clone();
-            async move {
-                match node {
-                    Some(s) => client.with_cluster_node(s).info::<String>(Some(kind)).await,
-                    None => client.info::<String>(Some(kind)).await,
-                }
-            }
+    for node in ledger.primaries_info().await {
+        let name = if node.node.is_empty() {
+            String::new()
+        } else {
+            format!("{} ", node.node)
         };
-        let text = match (
-            info(InfoKind::Persistence).await,
-            info(InfoKind::Memory).await,
-        ) {
-            (Ok(p), Ok(m)) => format!("{p}\n{m}"),
-            (Err(e), _) | (_, Err(e)) => {
-                problems.push(format!("{name}INFO failed, durability not checked: {e}"));
-                continue;
-            }
-        };
-        problems.extend(
-            durability_problems(&text)
-                .into_iter()
-                .map(|p| format!("{name}{p}")),
-        );
+        match node.info {
+            Ok(text) => problems.extend(
+                durability_problems(&text)
+                    .into_iter()
+                    .map(|p| format!("{name}{p}")),
+            ),
+            Err(e) => problems.push(format!("{name}INFO failed, durability not checked: {e}")),
+        }
     }
     if problems.is_empty() {
         r.ok(

@@ -1,0 +1,375 @@
+//! Pure builders of every script call: which script, its KEYS and its ARGV,
+//! in the order of the script's header (`lua/*.lua`). Nothing here talks to
+//! Redis; [`super::Ledger`] sends what these build, and the tests below
+//! hold each builder against the KEYS/ARGV lines of its script's header.
+
+use super::scripts::{self, Script};
+use crate::domain::event::{Header, Id, PlaceLine, RefundLine};
+use crate::domain::keys::Keys;
+
+/// One script call, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub script: &'static Script,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+/// The TTLs every line script takes, as canonical integers (formatted once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ttls {
+    pub record: String,
+    pub refund: String,
+}
+
+impl Ttls {
+    pub fn new(record_secs: u64, refund_secs: u64) -> Ttls {
+        Ttls {
+            record: record_secs.to_string(),
+            refund: refund_secs.to_string(),
+        }
+    }
+}
+
+fn call(script: &'static Script, keys: Vec<String>, args: Vec<String>) -> Call {
+    Call { script, keys, args }
+}
+
+/// `deduct.lua` for one placement line.
+pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
+    let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
+    call(
+        &scripts::DEDUCT,
+        k.as_vec(),
+        vec![
+            line.budget.to_string(),
+            line.stock.to_string(),
+            h.occurred_at.to_string(),
+            h.event_id.to_string(),
+            ttl.record.clone(),
+            ttl.refund.clone(),
+            h.customer_id.to_string(),
+        ],
+    )
+}
+
+/// `release.lua`: undo what event `h` deducted on `line`, and mark the line.
+pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
+    let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
+    call(
+        &scripts::RELEASE,
+        k.as_vec(),
+        vec![
+            h.event_id.to_string(),
+            ttl.refund.clone(),
+            h.customer_id.to_string(),
+        ],
+    )
+}
+
+/// `memo.lua`: the stored rejection of placement event `h` on promotion `p`.
+pub fn memo(keys: &Keys, h: &Header, p: &Id) -> Call {
+    call(&scripts::MEMO, vec![keys.rejected(p, &h.event_id)], vec![])
+}
+
+/// `rollback.lua` for one refund line, acting on `customer`'s counter (the
+/// event's, or the one the record names: see [`super::reply::RollbackReply`]).
+pub fn rollback(keys: &Keys, ttl: &Ttls, h: &Header, line: &RefundLine, customer: &Id) -> Call {
+    let k = keys.rollback_line(&line.promotion_id, &h.order_id, customer, &h.event_id);
+    let amount = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    call(
+        &scripts::ROLLBACK,
+        k.as_vec(),
+        vec![
+            amount(line.budget),
+            amount(line.stock),
+            ttl.record.clone(),
+            ttl.refund.clone(),
+            h.event_id.to_string(),
+            customer.to_string(),
+        ],
+    )
+}
+
+/// How `promo_set.lua` treats an existing promotion (its ARGV[1]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetMode {
+    /// Refuse when it exists.
+    Create,
+    /// Replace it only when its records hold nothing.
+    ReplaceIdle,
+    /// Replace it whatever it holds.
+    Replace,
+}
+
+/// `promo_set.lua`: write promotion `p`'s hash from `fields`.
+pub fn promo_set(keys: &Keys, p: &Id, mode: SetMode, fields: Vec<(&str, String)>) -> Call {
+    let mode = match mode {
+        SetMode::Create => "0",
+        SetMode::ReplaceIdle => "1",
+        SetMode::Replace => "2",
+    };
+    let mut args = Vec::with_capacity(1 + 2 * fields.len());
+    args.push(mode.to_owned());
+    for (k, v) in fields {
+        args.push(k.to_owned());
+        args.push(v);
+    }
+    call(
+        &scripts::PROMO_SET,
+        vec![keys.promotion(p), keys.generation(p)],
+        args,
+    )
+}
+
+/// `promo_status.lua`: pause or resume `p`.
+pub fn promo_status(keys: &Keys, p: &Id, paused: bool) -> Call {
+    let status = if paused { "paused" } else { "active" };
+    call(
+        &scripts::PROMO_STATUS,
+        vec![keys.promotion(p)],
+        vec![status.to_owned()],
+    )
+}
+
+/// `promo_adjust.lua`: move budget and/or stock by a signed delta.
+pub fn promo_adjust(keys: &Keys, p: &Id, budget: Option<i64>, stock: Option<i64>) -> Call {
+    let delta = |d: Option<i64>| d.map(|d| d.to_string()).unwrap_or_default();
+    call(
+        &scripts::PROMO_ADJUST,
+        vec![keys.promotion(p)],
+        vec![delta(budget), delta(stock)],
+    )
+}
+
+/// `promo_limit.lua`: set (`Some`) or remove (`None`) the per-customer limit.
+pub fn promo_limit(keys: &Keys, p: &Id, per_customer: Option<u64>) -> Call {
+    call(
+        &scripts::PROMO_LIMIT,
+        vec![keys.promotion(p)],
+        vec![per_customer.map(|n| n.to_string()).unwrap_or_default()],
+    )
+}
+
+/// `promo_delete.lua`: delete `p`, only when nothing is outstanding unless `force`.
+pub fn promo_delete(keys: &Keys, p: &Id, force: bool) -> Call {
+    let mode = if force { "force" } else { "check" };
+    call(
+        &scripts::PROMO_DELETE,
+        vec![keys.promotion(p)],
+        vec![mode.to_owned()],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// The `-- KEYS[i] name  pattern` and `-- ARGV[i] name` lines of a
+    /// script's header: (name, pattern) per key, name per argument, in order.
+    fn header(body: &str) -> (Vec<(String, String)>, Vec<String>) {
+        let mut keys = Vec::new();
+        let mut args = Vec::new();
+        for line in body
+            .lines()
+            .take_while(|l| l.starts_with("--") || l.is_empty())
+        {
+            let words: Vec<&str> = line.trim_start_matches("--").split_whitespace().collect();
+            match words.as_slice() {
+                [k, name, pattern, ..] if k.starts_with("KEYS[") => {
+                    assert_eq!(*k, format!("KEYS[{}]", keys.len() + 1), "{line}");
+                    keys.push((name.to_string(), pattern.to_string()));
+                }
+                [a, name, ..] if a.starts_with("ARGV[") && !a.contains("..") => {
+                    assert_eq!(*a, format!("ARGV[{}]", args.len() + 1), "{line}");
+                    args.push(name.to_string());
+                }
+                _ => {}
+            }
+        }
+        (keys, args)
+    }
+
+    /// The script's own text (lib.lua is prepended to most).
+    fn own(script: &Script) -> &str {
+        let lib = include_str!("../../lua/lib.lua");
+        script.body.strip_prefix(lib).unwrap_or(script.body)
+    }
+
+    fn id(s: &str) -> Id {
+        Id::parse(s).expect("a valid id")
+    }
+
+    fn h() -> Header {
+        Header {
+            event_id: id("e1"),
+            order_id: id("o1"),
+            customer_id: id("c1"),
+            occurred_at: -33,
+        }
+    }
+
+    /// Checks `c` against its script's header: one key per KEYS line, each
+    /// the header's pattern with P, O, C and E filled in, and each argument
+    /// the value `values` gives for the header's name of it.
+    fn check(c: &Call, customer: &str, values: &[(&str, &str)]) {
+        let (keys, args) = header(own(c.script));
+        assert!(
+            !keys.is_empty(),
+            "{}: no KEYS lines in the header",
+            c.script.name
+        );
+        let expected: Vec<String> = keys
+            .iter()
+            .map(|(_, pattern)| {
+                pattern
+                    .replace("{P}", "{p1}")
+                    .replace("{O}", "o1")
+                    .replace("{C}", customer)
+                    .replace("{E}", "e1")
+            })
+            .collect();
+        assert_eq!(c.keys, expected, "{}: KEYS", c.script.name);
+        let values: HashMap<&str, &str> = values.iter().copied().collect();
+        let expected: Vec<String> = args
+            .iter()
+            .map(|name| match values.get(name.as_str()) {
+                Some(v) => v.to_string(),
+                None => panic!("{}: no value given for ARGV {name}", c.script.name),
+            })
+            .collect();
+        assert_eq!(
+            c.args[..expected.len()],
+            expected[..],
+            "{}: ARGV",
+            c.script.name
+        );
+    }
+
+    fn ttl() -> Ttls {
+        Ttls::new(44, 55)
+    }
+
+    fn place_line() -> PlaceLine {
+        PlaceLine {
+            promotion_id: id("p1"),
+            budget: 11,
+            stock: 22,
+        }
+    }
+
+    #[test]
+    fn deduct_follows_its_header() {
+        let c = deduct(&Keys::default(), &ttl(), &h(), &place_line());
+        assert_eq!(c.args.len(), 7);
+        check(
+            &c,
+            "c1",
+            &[
+                ("budget", "11"),
+                ("stock", "22"),
+                ("occurred_at", "-33"),
+                ("event_id", "e1"),
+                ("record_ttl_secs", "44"),
+                ("refund_ttl_secs", "55"),
+                ("customer_id", "c1"),
+            ],
+        );
+    }
+
+    #[test]
+    fn release_follows_its_header() {
+        let c = release(&Keys::default(), &ttl(), &h(), &place_line());
+        assert_eq!(c.args.len(), 3);
+        check(
+            &c,
+            "c1",
+            &[
+                ("event_id", "e1"),
+                ("refund_ttl_secs", "55"),
+                ("customer_id", "c1"),
+            ],
+        );
+    }
+
+    #[test]
+    fn memo_follows_its_header() {
+        let c = memo(&Keys::default(), &h(), &id("p1"));
+        assert!(c.args.is_empty());
+        check(&c, "c1", &[]);
+    }
+
+    #[test]
+    fn rollback_follows_its_header_and_acts_on_the_given_customer() {
+        let line = RefundLine {
+            promotion_id: id("p1"),
+            budget: Some(7),
+            stock: None,
+        };
+        let c = rollback(&Keys::default(), &ttl(), &h(), &line, &id("c9"));
+        assert_eq!(c.args.len(), 6);
+        check(
+            &c,
+            "c9",
+            &[
+                ("budget", "7"),
+                ("stock", ""),
+                ("record_ttl_secs", "44"),
+                ("refund_ttl_secs", "55"),
+                ("event_id", "e1"),
+                ("customer_id", "c9"),
+            ],
+        );
+    }
+
+    #[test]
+    fn promo_calls_follow_their_headers() {
+        let k = Keys::default();
+        let p = id("p1");
+        let c = promo_set(
+            &k,
+            &p,
+            SetMode::ReplaceIdle,
+            vec![("budget", "5".to_owned()), ("stock", "6".to_owned())],
+        );
+        check(&c, "c1", &[("force", "1")]);
+        assert_eq!(c.args[1..], ["budget", "5", "stock", "6"]);
+        assert_eq!(promo_set(&k, &p, SetMode::Create, vec![]).args, ["0"]);
+        assert_eq!(promo_set(&k, &p, SetMode::Replace, vec![]).args, ["2"]);
+
+        check(&promo_status(&k, &p, true), "c1", &[("status", "paused")]);
+        check(&promo_status(&k, &p, false), "c1", &[("status", "active")]);
+        let c = promo_adjust(&k, &p, Some(-250), None);
+        check(&c, "c1", &[("budget", "-250"), ("stock", "")]);
+        check(
+            &promo_limit(&k, &p, Some(3)),
+            "c1",
+            &[("per_customer", "3")],
+        );
+        check(&promo_limit(&k, &p, None), "c1", &[("per_customer", "")]);
+        check(&promo_delete(&k, &p, false), "c1", &[("mode", "check")]);
+        check(&promo_delete(&k, &p, true), "c1", &[("mode", "force")]);
+    }
+
+    #[test]
+    fn every_script_has_a_builder_tested_here() {
+        let tested = [
+            "deduct",
+            "release",
+            "memo",
+            "rollback",
+            "promo_set",
+            "promo_status",
+            "promo_adjust",
+            "promo_limit",
+            "promo_delete",
+        ];
+        let all: Vec<&str> = scripts::all().iter().map(|s| s.name).collect();
+        assert_eq!(all.len(), tested.len());
+        for name in all {
+            assert!(tested.contains(&name), "{name} has no builder test");
+        }
+    }
+}

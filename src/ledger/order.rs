@@ -1,0 +1,290 @@
+//! Orders out of lines: a multi-line placement is all-or-nothing (earlier
+//! lines are released when a later one is rejected) and decides the same
+//! way on every delivery (a stored rejection of the event on any line is
+//! looked up first, in one round trip); a refund applies each line on its
+//! own, to the customer its deduction counted for.
+
+use super::calls;
+use super::reply::{self, LineReply, LineStatus, RollbackReply};
+use super::{scripts, Ledger, LedgerError};
+use crate::domain::decision::{
+    AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,
+};
+use crate::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
+
+impl Ledger {
+    /// Decides and applies an `OrderPlaced`, all lines or none.
+    ///
+    /// Corrupt stored data on any line (a `CORRUPT` reply of any script,
+    /// memo reads included) ends as a `corrupt_promotion` rejection, never
+    /// as an error: deduct.lua remembers it under the line's memo, and the
+    /// lines already deducted are released and marked like for any other
+    /// rejection, so every delivery of the event repeats the decision.
+    ///
+    /// With the durability gate on, returns only once enough replicas have
+    /// the event's writes ([`durability`]).
+    pub async fn place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
+        let gate = self.gate(&e.header.order_id);
+        let decision = self.decide_place(e).await?;
+        self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
+            .await?;
+        Ok(decision)
+    }
+
+    async fn decide_place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
+        let h = &e.header;
+        if e.lines.len() > 1 {
+            // One decision per event: a redelivery of a rejected event is
+            // rejected again, whatever the other lines would say now. The
+            // first line's stored rejection is read by deduct.lua itself
+            // (step 0) before it deducts anything; the other lines' are read
+            // here, all at once (one round trip), before the first deduct.
+            if let Some((p, reason, duplicate)) = self.stored_rejection(h, &e.lines[1..]).await? {
+                // An earlier delivery may have stopped before releasing.
+                self.release(h, &e.lines).await?;
+                return Ok(rejected(duplicate, reason, p));
+            }
+        }
+        let mut accepted = Vec::with_capacity(e.lines.len());
+        let mut all_duplicate = true;
+        for (i, line) in e.lines.iter().enumerate() {
+            let p = &line.promotion_id;
+            let reply = match self.deduct(h, line).await {
+                Ok(reply) => reply,
+                Err(err) if err.is_corrupt() => {
+                    // deduct.lua stored `corrupt_promotion` under this line's
+                    // memo (unless the memo itself is what is corrupt).
+                    self.report_corrupt(h, p, &err);
+                    self.release(h, &e.lines[..i]).await?;
+                    return Ok(rejected(false, Reason::CorruptPromotion, p));
+                }
+                Err(err) => return Err(err),
+            };
+            match reply.status {
+                LineStatus::Done => {
+                    all_duplicate &= reply.duplicate;
+                    accepted.push(AcceptedLine {
+                        promotion_id: p.clone(),
+                        budget: reply.budget,
+                        stock: reply.stock,
+                        remaining: reply.remaining,
+                    });
+                }
+                LineStatus::Released => {
+                    // Another delivery of this event decided it while this
+                    // one was on its way: repeat that decision, whose reason
+                    // is stored on the failing line.
+                    self.release(h, &e.lines[..i]).await?;
+                    return match self.stored_rejection(h, &e.lines).await? {
+                        Some((q, reason, _)) => Ok(rejected(true, reason, q)),
+                        None => self.redecide_released(e, i).await,
+                    };
+                }
+                LineStatus::Rejected(reason) => {
+                    self.release(h, &e.lines[..i]).await?;
+                    return Ok(rejected(reply.duplicate, reason, p));
+                }
+            }
+        }
+        Ok(PlaceDecision::Accepted {
+            duplicate: all_duplicate,
+            lines: accepted,
+        })
+    }
+
+    /// Line `i` of `e` is marked released, but no line holds the event's
+    /// reason: it expired before the mark, or it was written on a Redis node
+    /// that then failed over before replicating it (the event was not
+    /// published then: the durability gate had not passed). The lines after
+    /// `i` were released or never decided: they are decided again, and the
+    /// first rejection is the event's decision (the lines deducted meanwhile
+    /// are released). Only when none rejects is the event rejected
+    /// `order_reverted`, with every line released: a released line is never
+    /// deducted again.
+    async fn redecide_released(
+        &self,
+        e: &OrderPlaced,
+        i: usize,
+    ) -> Result<PlaceDecision, LedgerError> {
+        let h = &e.header;
+        for (j, line) in e.lines.iter().enumerate().skip(i + 1) {
+            let q = &line.promotion_id;
+            let reply = match self.deduct(h, line).await {
+                Ok(reply) => reply,
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, q, &err);
+                    self.release(h, &e.lines[..j]).await?;
+                    return Ok(rejected(false, Reason::CorruptPromotion, q));
+                }
+                Err(err) => return Err(err),
+            };
+            match reply.status {
+                LineStatus::Done | LineStatus::Released => {}
+                LineStatus::Rejected(reason) => {
+                    self.release(h, &e.lines[..j]).await?;
+                    return Ok(rejected(reply.duplicate, reason, q));
+                }
+            }
+        }
+        self.release(h, &e.lines).await?;
+        Ok(rejected(
+            true,
+            Reason::OrderReverted,
+            &e.lines[i].promotion_id,
+        ))
+    }
+
+    /// The first stored rejection of the event on `lines` (in line order),
+    /// with its promotion and whether it was read back; all memos are read
+    /// at once (one round trip). A memo that is itself corrupt is a
+    /// `corrupt_promotion` rejection on its line (every delivery meets it).
+    async fn stored_rejection<'a>(
+        &self,
+        h: &Header,
+        lines: &'a [PlaceLine],
+    ) -> Result<Option<(&'a Id, Reason, bool)>, LedgerError> {
+        let lookups = lines.iter().map(|line| {
+            let p = &line.promotion_id;
+            let call = calls::memo(self.keys(), h, p);
+            async move { (p, self.run(call, Some(&h.order_id), p).await) }
+        });
+        for (p, result) in futures::future::join_all(lookups).await {
+            match result {
+                Ok(reply) => {
+                    if let Some(reason) = reply::decode_memo(reply)? {
+                        return Ok(Some((p, reason, true)));
+                    }
+                }
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, p, &err);
+                    return Ok(Some((p, Reason::CorruptPromotion, false)));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Applies an `OrderRefunded`, each line on its own.
+    ///
+    /// A refund acts on the customer its deduction counted for (stored in
+    /// the record), not on the one the refund event names: when they
+    /// differ, rollback.lua writes nothing and names the stored customer,
+    /// and the line is applied again with that customer's counter. The
+    /// mismatch is logged and counted in
+    /// `deductor_refund_customer_mismatch_total`.
+    ///
+    /// With the durability gate on, returns only once enough replicas have
+    /// the event's writes ([`durability`]).
+    pub async fn refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
+        let gate = self.gate(&e.header.order_id);
+        let decision = self.decide_refund(e).await?;
+        self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
+            .await?;
+        Ok(decision)
+    }
+
+    async fn decide_refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
+        let h = &e.header;
+        let mut lines = Vec::with_capacity(e.lines.len());
+        for line in &e.lines {
+            let p = &line.promotion_id;
+            let result = match self.rollback(h, line).await {
+                Ok(r) => refund_line(p, r),
+                Err(err) if err.is_corrupt() => {
+                    self.report_corrupt(h, p, &err);
+                    RefundLineResult {
+                        promotion_id: p.clone(),
+                        status: Err(Reason::CorruptPromotion),
+                        duplicate: false,
+                        budget: 0,
+                        stock: 0,
+                        remaining: Remaining::default(),
+                    }
+                }
+                Err(err) => return Err(err),
+            };
+            lines.push(result);
+        }
+        Ok(RefundDecision { lines })
+    }
+
+    async fn rollback(&self, h: &Header, line: &RefundLine) -> Result<LineReply, LedgerError> {
+        let p = &line.promotion_id;
+        let mut customer = h.customer_id.clone();
+        // At most one switch is expected; a record that changes hands again
+        // meanwhile (a racing delivery) gets one more try.
+        for _ in 0..3 {
+            let call = calls::rollback(self.keys(), &self.shared.ttl, h, line, &customer);
+            let reply = self.run(call, Some(&h.order_id), p).await?;
+            match reply::decode_rollback(reply)? {
+                RollbackReply::Line(r) => return Ok(r),
+                RollbackReply::Customer(stored) => {
+                    tracing::warn!(
+                        promotion = %p,
+                        order = %h.order_id,
+                        event = %h.event_id,
+                        named = %h.customer_id,
+                        stored = %stored,
+                        "refund names another customer than the deduction; applied to the deduction's customer"
+                    );
+                    crate::metrics::refund_customer_mismatch();
+                    customer = stored;
+                }
+            }
+        }
+        Err(LedgerError::malformed(
+            scripts::ROLLBACK.name,
+            "the record's customer kept changing",
+        ))
+    }
+
+    async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
+        let call = calls::deduct(self.keys(), &self.shared.ttl, h, line);
+        let reply = self
+            .run(call, Some(&h.order_id), &line.promotion_id)
+            .await?;
+        reply::decode_deduct(reply)
+    }
+
+    /// Releases what this event deducted on `lines` (no-op where it deducted
+    /// nothing) and marks each line's memo `released`, so a slower delivery
+    /// of the event repeats the decision instead of deducting afresh. A line
+    /// with corrupt data is reported and skipped: it keeps its (consistent)
+    /// record, and the other lines are still released.
+    async fn release(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
+        for line in lines {
+            let p = &line.promotion_id;
+            let call = calls::release(self.keys(), &self.shared.ttl, h, line);
+            match self.run(call, Some(&h.order_id), p).await {
+                Ok(reply) => {
+                    if reply::decode_release(reply)? {
+                        tracing::debug!(promotion = %p, order = %h.order_id, "released line");
+                    }
+                }
+                Err(err) if err.is_corrupt() => self.report_corrupt(h, p, &err),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rejected(duplicate: bool, reason: Reason, p: &Id) -> PlaceDecision {
+    PlaceDecision::Rejected {
+        duplicate,
+        reason,
+        promotion_id: p.clone(),
+    }
+}
+
+fn refund_line(p: &Id, r: LineReply) -> RefundLineResult {
+    RefundLineResult {
+        promotion_id: p.clone(),
+        status: r.result(),
+        duplicate: r.duplicate,
+        budget: r.budget,
+        stock: r.stock,
+        remaining: r.remaining,
+    }
+}

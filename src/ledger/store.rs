@@ -1,0 +1,137 @@
+//! Plain reads for the operator tools (`audit`, `promo list`, `order show`,
+//! `event show`, `check`): SCAN over every primary, hash and string reads,
+//! and `INFO` of every primary. The service's own decisions never use
+//! these; they go through the scripts.
+
+use std::collections::HashMap;
+
+use fred::prelude::{ClientLike, ClusterInterface, HashesInterface, KeysInterface};
+use fred::types::scan::ScanType;
+use fred::types::InfoKind;
+use futures::stream::StreamExt;
+
+use super::{Ledger, LedgerError};
+
+/// Which keys a [`Ledger::scan`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyType {
+    Any,
+    Hash,
+}
+
+/// `INFO persistence` and `INFO memory` of one primary.
+#[derive(Debug)]
+pub struct NodeInfo {
+    /// `host:port` of a Cluster primary; empty for a single server.
+    pub node: String,
+    /// Both sections' text, or why they could not be read.
+    pub info: Result<String, LedgerError>,
+}
+
+impl Ledger {
+    /// Every key matching `pattern` (of type `kind`), with `SCAN` (never
+    /// `KEYS`), over every primary of a Cluster.
+    pub async fn scan(&self, pattern: &str, kind: KeyType) -> Result<Vec<String>, LedgerError> {
+        let kind = match kind {
+            KeyType::Any => None,
+            KeyType::Hash => Some(ScanType::Hash),
+        };
+        let client = self.pool().next();
+        let mut stream = if client.is_clustered() {
+            client
+                .scan_cluster_buffered(pattern, Some(1000), kind)
+                .boxed()
+        } else {
+            client.scan_buffered(pattern, Some(1000), kind).boxed()
+        };
+        let mut out = Vec::new();
+        while let Some(k) = stream.next().await {
+            let k = k.map_err(|e| LedgerError::redis("scan", e))?;
+            if let Some(s) = k.as_str() {
+                out.push(s.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every field of hash `key` (empty when it does not exist).
+    pub async fn hash(&self, key: &str) -> Result<HashMap<String, String>, LedgerError> {
+        self.pool()
+            .hgetall(key)
+            .await
+            .map_err(|e| LedgerError::redis("hgetall", e))
+    }
+
+    /// One field of hash `key`.
+    pub async fn hash_field(&self, key: &str, field: &str) -> Result<Option<String>, LedgerError> {
+        self.pool()
+            .hget(key, field)
+            .await
+            .map_err(|e| LedgerError::redis("hget", e))
+    }
+
+    /// Some fields of hash `key`, in the order asked.
+    pub async fn hash_fields(
+        &self,
+        key: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<String>>, LedgerError> {
+        let fields: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
+        self.pool()
+            .hmget(key, fields)
+            .await
+            .map_err(|e| LedgerError::redis("hmget", e))
+    }
+
+    /// The string at `key`.
+    pub async fn string(&self, key: &str) -> Result<Option<String>, LedgerError> {
+        self.pool()
+            .get(key)
+            .await
+            .map_err(|e| LedgerError::redis("get", e))
+    }
+
+    /// Whether `key` exists.
+    pub async fn exists(&self, key: &str) -> Result<bool, LedgerError> {
+        self.pool()
+            .exists(key)
+            .await
+            .map_err(|e| LedgerError::redis("exists", e))
+    }
+
+    /// `INFO persistence` and `INFO memory` of every primary (of the one
+    /// server when not a Cluster).
+    pub async fn primaries_info(&self) -> Vec<NodeInfo> {
+        let client = self.pool().next();
+        let mut nodes = vec![None];
+        if client.is_clustered() {
+            if let Some(state) = client.cached_cluster_state() {
+                nodes = state.unique_primary_nodes().into_iter().map(Some).collect();
+            }
+        }
+        let mut out = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let info = |kind| {
+                let node = node.clone();
+                async move {
+                    match node {
+                        Some(s) => client.with_cluster_node(s).info::<String>(Some(kind)).await,
+                        None => client.info::<String>(Some(kind)).await,
+                    }
+                }
+            };
+            let text = match (
+                info(InfoKind::Persistence).await,
+                info(InfoKind::Memory).await,
+            ) {
+                (Ok(p), Ok(m)) => Ok(format!("{p}\n{m}")),
+                (Err(e), _) | (_, Err(e)) => Err(LedgerError::redis("info", e)),
+            };
+            out.push(NodeInfo {
+                node: node.map(|s| s.to_string()).unwrap_or_default(),
+                info: text,
+            });
+        }
+        out
+    }
+}
