@@ -1493,8 +1493,10 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
 
 /// scripts/dev-stack (behind the README's commands) formats Kafka's storage
 /// with a random cluster id; one starting with '-' (1 draw in 64) was read as
-/// an option and the format failed. 500 ids from its own generator: each a
-/// 22-character URL-safe base64 id that does not start with '-'.
+/// an option and the format failed. 500 ids from its own generator
+/// (`kafka_cluster_id` in scripts/dev-stack.d/kafka.sh; sourcing the script
+/// defines it): each a 22-character URL-safe base64 id that does not start
+/// with '-'.
 #[test]
 fn dev_stack_cluster_ids_never_start_with_a_dash() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dev-stack");
