@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
+use crate::admin::healthcheck;
 use crate::admin::promo::{self as promos, Adjustment, Change};
 use crate::admin::{self, AdminError, PromoSpec};
 use crate::cli::{Command, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand};
@@ -44,7 +45,7 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             Ok(ExitCode::SUCCESS)
         }
         Command::Check(output) => {
-            let report = crate::ops::check::run(&settings).await;
+            let report = crate::admin::check::run(&settings).await;
             if output.json() {
                 print_json(&report.to_json());
             } else {
@@ -62,17 +63,17 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
                 .unwrap_or_else(|| settings.kafka.input_topic.clone());
             let n = match a.file.as_deref() {
                 None => {
-                    crate::kafka::publish::publish(&settings.kafka, &topic, std::io::stdin().lock())
+                    crate::admin::publish::publish(&settings.kafka, &topic, std::io::stdin().lock())
                         .await?
                 }
                 Some(p) if p.as_os_str() == "-" => {
-                    crate::kafka::publish::publish(&settings.kafka, &topic, std::io::stdin().lock())
+                    crate::admin::publish::publish(&settings.kafka, &topic, std::io::stdin().lock())
                         .await?
                 }
                 Some(p) => {
                     let f = std::fs::File::open(p)
                         .with_context(|| format!("opening {}", p.display()))?;
-                    crate::kafka::publish::publish(&settings.kafka, &topic, BufReader::new(f))
+                    crate::admin::publish::publish(&settings.kafka, &topic, BufReader::new(f))
                         .await?
                 }
             };
@@ -89,7 +90,7 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             let clean = if a.output.json() {
                 audit_json(&ledger, &ids).await?
             } else {
-                crate::audit::run(&ledger, &ids).await?
+                crate::admin::audit::run(&ledger, &ids).await?
             };
             Ok(if clean {
                 ExitCode::SUCCESS
@@ -100,9 +101,9 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
         Command::Healthcheck(a) => {
             let url = match a.url {
                 Some(url) => url,
-                None => http::healthz_url(&settings.http.listen)?,
+                None => healthcheck::healthz_url(&settings.http.listen)?,
             };
-            http::probe(&url).await?;
+            healthcheck::probe(&url).await?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -261,14 +262,14 @@ async fn lookup(a: LookupArgs, settings: &Settings, event: bool) -> anyhow::Resu
 /// breach was found.
 async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
     let ids = if ids.is_empty() {
-        crate::audit::promotions(ledger).await?
+        crate::admin::audit::promotions(ledger).await?
     } else {
         ids.to_vec()
     };
     let mut clean = true;
     let mut items = Vec::with_capacity(ids.len());
     for p in &ids {
-        let r = crate::audit::audit_one(ledger, p).await?;
+        let r = crate::admin::audit::audit_one(ledger, p).await?;
         clean &= r.breaches.is_empty();
         items.push(serde_json::json!({
             "promotion_id": r.promotion,
@@ -295,26 +296,31 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
     Ok(clean)
 }
 
-/// `deductor run`: the service plus its HTTP endpoints, until SIGTERM.
+/// `deductor run`: the service plus its HTTP endpoints, until SIGTERM. One
+/// Redis pool serves both the pipeline and `/readyz`.
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
     let status = Arc::new(Status::default());
+    let recorder = if settings.http.listen.is_empty() {
+        None
+    } else {
+        Some(http::install_recorder()?)
+    };
+    let Some(ledger) = pipeline::connect_ledger(&settings, &shutdown).await? else {
+        return Ok(());
+    };
     let mut server = None;
-    if !settings.http.listen.is_empty() {
-        let handle = http::install_recorder()?;
-        let Some(ledger) = pipeline::connect_ledger(&settings, &shutdown).await? else {
-            return Ok(());
-        };
+    if let Some(handle) = recorder {
         let listen = settings.http.listen.clone();
         let stall = std::time::Duration::from_secs(settings.http.stall_timeout_secs);
-        let (status, stop) = (status.clone(), shutdown.child_token());
+        let (status, stop, ledger) = (status.clone(), shutdown.child_token(), ledger.clone());
         let stop_server = stop.clone();
         let task = tokio::spawn(async move {
             http::serve(&listen, handle, status, Some(ledger), stall, stop).await
         });
         server = Some((task, stop_server));
     }
-    let result = pipeline::run_with_status(settings, shutdown.clone(), status).await;
+    let result = pipeline::run_with_ledger(settings, shutdown.clone(), status, ledger).await;
     if let Some((task, stop)) = server {
         stop.cancel();
         match task.await {

@@ -11,7 +11,6 @@
 //! - [`ops`]: HTTP metrics and health; [`admin`]: promo set/show, audit, publish.
 
 pub mod admin;
-pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod config;

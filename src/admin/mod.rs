@@ -9,9 +9,13 @@
 //! limit, delete) and `promo list`; [`lookup`]: `order show` / `event show`;
 //! [`dlq`]: the dead-letter topic.
 
+pub mod audit;
+pub mod check;
 pub mod dlq;
+pub mod healthcheck;
 pub mod lookup;
 pub mod promo;
+pub mod publish;
 
 use std::fmt;
 

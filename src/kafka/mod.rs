@@ -3,7 +3,6 @@
 pub mod consumer;
 pub mod headers;
 pub mod offsets;
-pub mod publish;
 pub mod publisher;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

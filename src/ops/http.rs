@@ -1,4 +1,6 @@
-//! `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness).
+//! The HTTP server: `/metrics` (Prometheus text), `/healthz` (liveness),
+//! `/readyz` (readiness). Its client, `deductor healthcheck`, is
+//! [`crate::admin::healthcheck`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -114,107 +116,4 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         }
     }
     (StatusCode::OK, format!("ready: {assigned} partitions\n"))
-}
-
-/// An answer of [`fetch`].
-#[derive(Debug)]
-pub struct Response {
-    /// The status code (0 when the status line does not parse).
-    pub status: u16,
-    /// The whole status line, e.g. `HTTP/1.1 503 Service Unavailable`.
-    pub status_line: String,
-    pub body: String,
-}
-
-/// A minimal HTTP/1.0 GET of an `http://host:port/path` url, with a 5 s
-/// timeout: for `deductor healthcheck` in images without curl.
-pub async fn fetch(url: &str) -> anyhow::Result<Response> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow::anyhow!("--url {url}: only http:// is supported"))?;
-    let (host, path) = match rest.split_once('/') {
-        Some((h, p)) => (h, format!("/{p}")),
-        None => (rest, "/".to_owned()),
-    };
-    let io = async {
-        let mut s = tokio::net::TcpStream::connect(host).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(5), io)
-        .await
-        .map_err(|_| anyhow::anyhow!("{url}: timed out"))?
-        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status_line = head.lines().next().unwrap_or_default().to_owned();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok(Response {
-        status,
-        status_line,
-        body: body.to_owned(),
-    })
-}
-
-/// The `/healthz` url of a service listening on `listen` (`http.listen`):
-/// a wildcard address (0.0.0.0, [::]) is reached on the loopback address of
-/// its family, since the probe runs beside the service (a container's
-/// HEALTHCHECK, an exec probe).
-pub fn healthz_url(listen: &str) -> anyhow::Result<String> {
-    if listen.is_empty() {
-        anyhow::bail!(
-            "http.listen is empty, so the service serves no /healthz: set http.listen (as the service has it) or pass --url"
-        );
-    }
-    let mut addr: std::net::SocketAddr = listen.parse().map_err(|_| {
-        anyhow::anyhow!("http.listen {listen:?} is not an address: use ip:port, or pass --url")
-    })?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(match addr {
-            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
-    }
-    Ok(format!("http://{addr}/healthz"))
-}
-
-/// `deductor healthcheck`: OK when `url` answers 200.
-pub async fn probe(url: &str) -> anyhow::Result<()> {
-    let r = fetch(url).await?;
-    if r.status == 200 {
-        Ok(())
-    } else {
-        anyhow::bail!("{url}: {} {}", r.status_line, r.body.trim())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn healthz_url_follows_http_listen() {
-        for (listen, url) in [
-            ("0.0.0.0:9464", "http://127.0.0.1:9464/healthz"),
-            ("0.0.0.0:8080", "http://127.0.0.1:8080/healthz"),
-            ("[::]:9000", "http://[::1]:9000/healthz"),
-            ("127.0.0.1:9555", "http://127.0.0.1:9555/healthz"),
-            ("10.1.2.3:80", "http://10.1.2.3:80/healthz"),
-            ("[::1]:9464", "http://[::1]:9464/healthz"),
-        ] {
-            assert_eq!(healthz_url(listen).unwrap(), url, "{listen}");
-        }
-        for listen in ["", "nowhere"] {
-            let e = healthz_url(listen).unwrap_err().to_string();
-            assert!(e.contains("http.listen") && e.contains("--url"), "{e}");
-        }
-    }
 }

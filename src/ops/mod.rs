@@ -1,6 +1,5 @@
-//! Operating the service: HTTP endpoints, the health they report, and the
-//! `check` command.
+//! Operating the running service: its HTTP endpoints and the health they
+//! report. The operator's commands are in [`crate::admin`].
 
-pub mod check;
 pub mod health;
 pub mod http;

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use deductor::admin::audit;
 use deductor::admin::{self, PromoSpec};
-use deductor::audit;
 use deductor::domain::event::Id;
 use deductor::ledger::Ledger;
 use rand::seq::IndexedRandom;

@@ -6,8 +6,8 @@
 //! before the order did. Real Redis, each test under a key prefix of its own.
 
 use crate::common::redis::*;
+use deductor::admin::audit;
 use deductor::admin::{self, PromoSpec};
-use deductor::audit;
 use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
 use deductor::ledger::{scripts, Ledger};
 

@@ -1364,7 +1364,9 @@ async fn live_changes_during_a_burst_lose_nothing_and_audit_stays_clean() {
             .await
             .unwrap()
             .unwrap();
-        let report = deductor::audit::audit_one(&ledger, &id).await.unwrap();
+        let report = deductor::admin::audit::audit_one(&ledger, &id)
+            .await
+            .unwrap();
         let (ib, b) = (
             view.initial_budget.unwrap() as i64,
             view.budget.unwrap() as i64,

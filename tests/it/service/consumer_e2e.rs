@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::kafka::{self, Placed, Raw, Record};
 use crate::common::service::{self, Fixture};
+use deductor::admin::audit;
 use deductor::admin::{self, PromoSpec};
-use deductor::audit;
 use deductor::domain::event::Id;
 use deductor::domain::outcome::{outcome_id, OutcomeType};
 use serde_json::{json, Value};

@@ -32,7 +32,7 @@ fn promtool() -> String {
 
 /// A GET through the service's own HTTP/1.0 client: (status code, body).
 async fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    deductor::ops::http::fetch(&format!("http://{addr}{path}"))
+    deductor::admin::healthcheck::fetch(&format!("http://{addr}{path}"))
         .await
         .map(|r| (r.status, r.body))
         .map_err(|e| std::io::Error::other(e.to_string()))

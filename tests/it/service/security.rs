@@ -488,7 +488,7 @@ async fn acl_checks(f: Fixture, user: String, admin_user: String, password: Stri
         refused.is_err(),
         "promo set as the service user: {refused:?}"
     );
-    let refused = deductor::audit::run(&ledger, &[]).await;
+    let refused = deductor::admin::audit::run(&ledger, &[]).await;
     // (fred turns SCAN's NOPERM into "Expected bulk string array from SCAN".)
     assert!(refused.is_err(), "audit as the service user: {refused:?}");
     ledger.quit().await;
@@ -503,7 +503,7 @@ async fn acl_checks(f: Fixture, user: String, admin_user: String, password: Stri
         .await
         .unwrap()
         .is_some());
-    deductor::audit::run(&admin_ledger, &[])
+    deductor::admin::audit::run(&admin_ledger, &[])
         .await
         .expect("audit as the admin user");
     assert_noperm(

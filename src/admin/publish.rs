@@ -11,8 +11,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
-use super::publisher::producer_config;
 use crate::config::KafkaSettings;
+use crate::kafka::publisher::producer_config;
 
 /// Most sends awaiting their ack at once.
 const WINDOW: usize = 2048;

@@ -1,0 +1,244 @@
+//! A partition's lane: starts events in offset order, keeps up to
+//! `max_in_flight_per_partition` in flight but never two of one order, and
+//! marks each offset done once its outcome is acknowledged.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::message::{Message, OwnedMessage};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::steps::{Failure, Processor};
+use crate::domain::event::{self, Event, InvalidEvent};
+use crate::kafka::headers::Incoming;
+use crate::kafka::offsets::Offsets;
+use crate::kafka::publisher::Trace;
+use crate::metrics;
+use crate::ops::health::Status;
+
+/// The key that orders events within a lane: never two of one order in flight.
+pub(super) fn order_key(
+    parsed: &Result<Event, InvalidEvent>,
+    msg: &OwnedMessage,
+) -> Option<String> {
+    match parsed {
+        Ok(e) => Some(e.header().order_id.to_string()),
+        Err(e) => e
+            .salvage
+            .order_id
+            .as_ref()
+            .map(|o| o.to_string())
+            .or_else(|| msg.key().map(|k| String::from_utf8_lossy(k).into_owned())),
+    }
+}
+
+pub(super) struct Prepared {
+    pub(super) msg: OwnedMessage,
+    pub(super) parsed: Result<Event, InvalidEvent>,
+    pub(super) order: Option<String>,
+}
+
+/// One partition's worker.
+pub(super) struct Lane {
+    pub(super) partition: i32,
+    pub(super) rx: mpsc::Receiver<OwnedMessage>,
+    pub(super) processor: Arc<Processor>,
+    pub(super) offsets: Offsets,
+    pub(super) global: Arc<Semaphore>,
+    pub(super) capacity: usize,
+    /// Cancelled on revoke and at shutdown: start nothing new, stop retrying.
+    pub(super) stop: CancellationToken,
+    pub(super) fatal: mpsc::UnboundedSender<anyhow::Error>,
+    pub(super) status: Arc<Status>,
+}
+
+impl Lane {
+    pub(super) async fn run(mut self, predecessor: Option<JoinHandle<()>>) {
+        // At most one lane per partition works at a time in this process: a
+        // revoked lane finishes its in-flight events before its successor
+        // starts, so two copies of one event never race here.
+        if let Some(p) = predecessor {
+            let _ = p.await;
+        }
+        let generation = self.offsets.open(self.partition);
+        let mut in_flight = FuturesUnordered::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        let mut head: Option<Prepared> = None;
+        let mut closed = false;
+        loop {
+            if closed && in_flight.is_empty() {
+                break;
+            }
+            let startable = head.as_ref().is_some_and(|h| {
+                in_flight.len() < self.capacity
+                    && h.order.as_ref().is_none_or(|o| !busy.contains(o))
+            });
+            tokio::select! {
+                biased;
+                Some((offset, order, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(o) = order {
+                        busy.remove(&o);
+                    }
+                    match result {
+                        Ok(()) => {
+                            self.offsets.done(self.partition, generation, offset);
+                            self.status.events_done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Failure::Cancelled) => closed = true,
+                        Err(Failure::Fatal(e)) => {
+                            let _ = self.fatal.send(e);
+                            self.stop.cancel();
+                            closed = true;
+                        }
+                    }
+                }
+                _ = self.stop.cancelled(), if !closed => {
+                    closed = true;
+                    head = None;
+                }
+                permit = self.global.clone().acquire_owned(), if startable && !closed => {
+                    let Ok(permit) = permit else { closed = true; continue };
+                    if let Some(p) = head.take() {
+                        if let Some(o) = &p.order {
+                            busy.insert(o.clone());
+                        }
+                        self.offsets.begin(self.partition, generation, p.msg.offset());
+                        #[cfg(feature = "mutants")] // TEST-ONLY mutant: done before it is.
+                        if crate::mutants::mutant("commit-early") {
+                            self.offsets.done(self.partition, generation, p.msg.offset());
+                        }
+                        in_flight.push(self.start(p, permit));
+                    }
+                }
+                msg = self.rx.recv(), if head.is_none() && !closed => {
+                    match msg {
+                        Some(msg) => {
+                            let parsed = event::parse(msg.payload().unwrap_or_default());
+                            let order = order_key(&parsed, &msg);
+                            head = Some(Prepared { msg, parsed, order });
+                        }
+                        None => closed = true,
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn start(
+        &self,
+        p: Prepared,
+        permit: OwnedSemaphorePermit,
+    ) -> impl std::future::Future<Output = (i64, Option<String>, Result<(), Failure>)> {
+        let processor = self.processor.clone();
+        let stop = self.stop.clone();
+        let span = tracing::info_span!(
+            "event",
+            topic = %processor.topic,
+            partition = p.msg.partition(),
+            offset = p.msg.offset(),
+            order_id = p.order.as_deref().unwrap_or(""),
+            event_id = match &p.parsed { Ok(e) => e.header().event_id.as_str(), Err(_) => "" },
+            trace_id = tracing::field::Empty,
+        );
+        async move {
+            let started = Instant::now();
+            // The event's span: a child of the producer's (traceparent), the
+            // parent of the outcome or dead letter.
+            let incoming = Incoming::read(p.msg.headers(), &processor.propagate);
+            let trace = processor.tracer.start(
+                &incoming,
+                &processor.topic,
+                p.msg.partition(),
+                p.msg.offset(),
+            );
+            tracing::Span::current().record("trace_id", trace.span.span.trace_id_hex());
+            let result = processor
+                .handle(
+                    &p.msg,
+                    &p.parsed,
+                    Trace {
+                        span: &trace.span,
+                        incoming: &incoming,
+                    },
+                    &stop,
+                )
+                .await;
+            match &result {
+                Ok(()) => trace.end("done", None),
+                Err(Failure::Cancelled) => trace.end("cancelled", None),
+                Err(Failure::Fatal(e)) => trace.end("failed", Some(&format!("{e:#}"))),
+            }
+            if result.is_ok() {
+                metrics::event_duration(started.elapsed().as_secs_f64());
+            }
+            drop(permit);
+            (p.msg.offset(), p.order, result)
+        }
+        .instrument(span)
+    }
+}
+
+/// The main loop's handle on a lane.
+pub(super) struct LaneHandle {
+    /// Tells this lane from a later one of the same partition.
+    pub(super) id: u64,
+    /// A pull from the partition's own queue is armed for this lane.
+    pub(super) pulling: bool,
+    pub(super) tx: mpsc::Sender<OwnedMessage>,
+    pub(super) stop: CancellationToken,
+    pub(super) join: JoinHandle<()>,
+    /// Messages that did not fit while the lane was full; the partition is
+    /// paused until they are handed over.
+    pub(super) stash: VecDeque<OwnedMessage>,
+}
+
+/// Starts lanes: on assignment (partitions with their own queue) and on a
+/// message from the main queue (any other partition).
+pub(super) struct Spawner {
+    pub(super) processor: Arc<Processor>,
+    pub(super) offsets: Offsets,
+    pub(super) global: Arc<Semaphore>,
+    pub(super) capacity: usize,
+    pub(super) shutdown: CancellationToken,
+    pub(super) fatal: mpsc::UnboundedSender<anyhow::Error>,
+    pub(super) status: Arc<Status>,
+    pub(super) next_id: u64,
+}
+
+impl Spawner {
+    pub(super) fn spawn(
+        &mut self,
+        partition: i32,
+        predecessor: Option<JoinHandle<()>>,
+    ) -> LaneHandle {
+        let (tx, rx) = mpsc::channel(self.capacity);
+        let stop = self.shutdown.child_token();
+        let lane = Lane {
+            partition,
+            rx,
+            processor: self.processor.clone(),
+            offsets: self.offsets.clone(),
+            global: self.global.clone(),
+            capacity: self.capacity,
+            stop: stop.clone(),
+            fatal: self.fatal.clone(),
+            status: self.status.clone(),
+        };
+        let join = tokio::spawn(lane.run(predecessor));
+        self.next_id += 1;
+        LaneHandle {
+            id: self.next_id,
+            pulling: false,
+            tx,
+            stop,
+            join,
+            stash: VecDeque::new(),
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! consume -> decide -> apply -> publish -> mark done: the only place where
+//! the order of the steps lives.
+//!
+//! One task serves the consumer group (rebalances, errors) and hands each
+//! message to its partition's lane; every partition has its own librdkafka
+//! queue, pulled only when its lane has room. A lane starts events in
+//! offset order, keeps up to `max_in_flight_per_partition` of them in
+//! flight (pipelined to Redis), but never two of one order, and marks each
+//! offset done only after Redis replied and the broker acknowledged the
+//! outcome or dead letter. Only watermarks are committed: on a timer, on
+//! revoke and at shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::message::Message;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::kafka::consumer::{self as group};
+use crate::kafka::offsets::Offsets;
+use crate::kafka::publisher::Publisher;
+use crate::ledger::Ledger;
+use crate::metrics;
+use crate::retry::{retry, RetryError, RetryPolicy};
+use crate::telemetry::EventTracer;
+
+pub use crate::ops::health::Status;
+
+mod commit;
+mod lane;
+mod routing;
+mod steps;
+
+use commit::{commit, drained};
+use lane::Spawner;
+use routing::{consumer_error, dispatch, flush_stash, split_queues, Lanes};
+use steps::Processor;
+
+/// Runs the service until `shutdown` is cancelled (then drains, commits and
+/// leaves the group: Ok) or a fatal error occurs (Err).
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_status(settings, shutdown, Arc::new(Status::default())).await
+}
+
+/// Connects to Redis, waiting out an outage at startup the way G3 waits one
+/// out while running (exponential backoff), so a consumer restarted while
+/// Redis is down recovers by itself; auth and configuration errors still
+/// fail at once. `None` when shutdown was requested meanwhile.
+pub async fn connect_ledger(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Ledger>> {
+    let policy = RetryPolicy::from(&settings.retry);
+    let result = retry(
+        &policy,
+        shutdown,
+        |e: &crate::ledger::LedgerError| e.disposition(),
+        |e, delay| {
+            metrics::retry("redis");
+            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "redis unreachable at startup; retrying");
+        },
+        || Ledger::connect(&settings.redis),
+    )
+    .await;
+    match result {
+        Ok(l) => Ok(Some(l)),
+        Err(RetryError::Cancelled(_)) => Ok(None),
+        Err(RetryError::Permanent(e)) => Err(anyhow::Error::new(e).context("connecting to Redis")),
+    }
+}
+
+/// [`run`], reporting to `status` (the HTTP endpoints read it).
+pub async fn run_with_status(
+    settings: Settings,
+    shutdown: CancellationToken,
+    status: Arc<Status>,
+) -> anyhow::Result<()> {
+    let Some(ledger) = connect_ledger(&settings, &shutdown).await? else {
+        return Ok(());
+    };
+    run_with_ledger(settings, shutdown, status, ledger).await
+}
+
+/// [`run_with_status`] over a ledger connected already: `deductor run`
+/// shares one pool between the pipeline and `/readyz`. The pool is closed
+/// when the pipeline stops.
+pub async fn run_with_ledger(
+    settings: Settings,
+    shutdown: CancellationToken,
+    status: Arc<Status>,
+    ledger: Ledger,
+) -> anyhow::Result<()> {
+    let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
+    let offsets = Offsets::new();
+    let consumer = Arc::new(
+        group::create(&settings.kafka, offsets.clone()).context("creating the Kafka consumer")?,
+    );
+    consumer
+        .subscribe(&[&settings.kafka.input_topic])
+        .with_context(|| format!("subscribing to {}", settings.kafka.input_topic))?;
+    let queues = split_queues(&consumer, &settings.kafka.input_topic);
+    tracing::info!(topic = %settings.kafka.input_topic, group = %settings.kafka.group_id, "consuming");
+
+    let tracer = EventTracer::new(&settings.tracing).context("tracing.otlp_endpoint")?;
+    if tracer.exporting() {
+        tracing::info!(endpoint = %settings.tracing.otlp_endpoint, "exporting event spans over OTLP/HTTP");
+    }
+    let processor = Arc::new(Processor {
+        ledger: ledger.clone(),
+        publisher: publisher.clone(),
+        policy: RetryPolicy::from(&settings.retry),
+        topic: settings.kafka.input_topic.clone(),
+        tracer: tracer.clone(),
+        propagate: settings.kafka.propagate_headers.clone(),
+    });
+    let global = Arc::new(Semaphore::new(settings.pipeline.max_in_flight));
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
+    let mut lanes = Lanes {
+        by_partition: HashMap::new(),
+        retiring: HashMap::new(),
+        queues,
+        pulls: FuturesUnordered::new(),
+        spawner: Spawner {
+            processor,
+            offsets: offsets.clone(),
+            global: global.clone(),
+            capacity: settings.pipeline.max_in_flight_per_partition,
+            shutdown: shutdown.clone(),
+            fatal: fatal_tx,
+            status: status.clone(),
+            next_id: 0,
+        },
+    };
+    let topic = settings.kafka.input_topic.as_str();
+    let mut commit_tick =
+        tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
+    commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
+    let mut fatal: Option<anyhow::Error> = None;
+    status.touch();
+
+    loop {
+        let stashed = lanes.by_partition.values().any(|l| !l.stash.is_empty());
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(e) = fatal_rx.recv() => {
+                fatal = Some(e);
+                break;
+            }
+            failure = publisher.fatal() => {
+                fatal = Some(anyhow::Error::new(failure).context("kafka producer"));
+                break;
+            }
+            // Rebalance callbacks run inside `consumer.recv()` below; their
+            // notes are applied before any message pulled after them.
+            _ = consumer.context().noted() => {
+                lanes.apply_notes(&consumer, topic, &status);
+            }
+            _ = commit_tick.tick() => {
+                lanes.apply_notes(&consumer, topic, &status);
+                commit(&consumer, &offsets, topic, CommitMode::Async);
+                metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
+                status.touch();
+                if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, topic) {
+                    tracing::info!("every assigned partition is processed to its end: stopping");
+                    break;
+                }
+            }
+            _ = stash_tick.tick(), if stashed => {
+                for (p, lane) in lanes.by_partition.iter_mut() {
+                    flush_stash(&consumer, topic, *p, lane);
+                }
+            }
+            // Polled on every turn, ahead of the pulls: it serves rebalances
+            // and errors (and the messages of partitions without their own
+            // queue), however busy the partition queues are.
+            msg = consumer.recv() => {
+                status.touch();
+                lanes.apply_notes(&consumer, topic, &status);
+                let result = match msg {
+                    Ok(m) => {
+                        let m = m.detach();
+                        let p = m.partition();
+                        dispatch(&consumer, topic, p, lanes.get_or_spawn(p), m);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = result {
+                    if let Some(e) = consumer_error(e) {
+                        fatal = Some(e);
+                        break;
+                    }
+                }
+            }
+            Some(pulled) = lanes.pulls.next(), if !lanes.pulls.is_empty() => {
+                status.touch();
+                lanes.apply_notes(&consumer, topic, &status);
+                if let Err(e) = lanes.hand_over(&consumer, topic, pulled) {
+                    if let Some(e) = consumer_error(e) {
+                        fatal = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    // Drain: start nothing new, let in-flight events finish (bounded), then
+    // commit what was acknowledged and leave the group.
+    let drain = settings.drain_timeout();
+    tracing::info!(
+        in_flight = offsets.in_flight(),
+        drain_timeout_s = drain.as_secs(),
+        "draining"
+    );
+    let mut joins = Vec::new();
+    for (_, lane) in lanes.by_partition.drain() {
+        lane.stop.cancel();
+        drop(lane.tx);
+        joins.push(lane.join);
+    }
+    joins.extend(lanes.retiring.drain().map(|(_, j)| j));
+    // The partition queues hold the consumer: release them before it closes.
+    drop(lanes);
+    if tokio::time::timeout(drain, futures::future::join_all(joins))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = offsets.in_flight(),
+            "drain timeout: unfinished events stay uncommitted and are redelivered"
+        );
+    }
+    commit(
+        &consumer,
+        &offsets,
+        &settings.kafka.input_topic,
+        CommitMode::Sync,
+    );
+    if let Err(e) = publisher.flush(Duration::from_secs(5)) {
+        tracing::warn!(error = %e, "producer flush at shutdown");
+    }
+    // The exporter's thread blocks on its last export: off the runtime.
+    let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
+    consumer.unsubscribe();
+    drop(consumer);
+    ledger.quit().await;
+    match fatal {
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("stopped cleanly");
+            Ok(())
+        }
+    }
+}

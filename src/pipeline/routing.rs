@@ -1,0 +1,280 @@
+//! Partition routing: each partition's own librdkafka queue, the pulls
+//! that feed a lane only when it has room, the stash for partitions read
+//! from the main queue, and the rebalance notes that start and stop lanes.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::FuturesUnordered;
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::OwnedMessage;
+use rdkafka::TopicPartitionList;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::lane::{LaneHandle, Spawner};
+use crate::error::Disposition;
+use crate::kafka::consumer::{self as group, Assignment, GroupConsumer};
+use crate::metrics;
+use crate::ops::health::Status;
+
+pub(super) type PartitionQueue = StreamPartitionQueue<group::Context>;
+
+/// Gives every partition of `topic` its own librdkafka queue (before the
+/// first poll of the main queue). A lane then pulls its partition only
+/// when it has room: a full lane holds back its own partition and nothing
+/// else, with no pause/resume, which drops librdkafka's prefetch on every
+/// cycle (at full lag that was a refetch per lane-full of events, and
+/// partitions stalled). The prefetch stays bounded per partition
+/// (`queued.max.messages.kbytes`). Partitions added later, or a topic that
+/// does not exist yet, go through the main queue and the stash instead.
+pub(super) fn split_queues(
+    consumer: &Arc<GroupConsumer>,
+    topic: &str,
+) -> HashMap<i32, Arc<PartitionQueue>> {
+    let metadata = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, topic, "no metadata: partitions are read through the main queue");
+            return HashMap::new();
+        }
+    };
+    metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions())
+        .filter_map(|p| {
+            let q = consumer.split_partition_queue(topic, p.id())?;
+            Some((p.id(), Arc::new(q)))
+        })
+        .collect()
+}
+
+/// A message taken from a partition's own queue, with room for it already
+/// reserved in the lane `lane`; `None` when that lane stopped first.
+pub(super) struct Pulled {
+    pub(super) partition: i32,
+    pub(super) lane: u64,
+    pub(super) taken: Option<(mpsc::OwnedPermit<OwnedMessage>, KafkaResult<OwnedMessage>)>,
+}
+
+/// Waits for room in the lane, then for the partition's next message. Only
+/// the main loop hands pulled messages over (after applying rebalance
+/// notes), and at most one pull per partition is armed, so messages reach
+/// the lane in offset order.
+pub(super) fn pull(
+    partition: i32,
+    lane: &LaneHandle,
+    queue: Arc<PartitionQueue>,
+) -> BoxFuture<'static, Pulled> {
+    let (id, tx, stop) = (lane.id, lane.tx.clone(), lane.stop.clone());
+    async move {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            permit = tx.reserve_owned() => permit.ok(),
+        };
+        let taken = match permit {
+            None => None,
+            Some(permit) => tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                m = queue.recv() => Some((permit, m.map(|m| m.detach()))),
+            },
+        };
+        Pulled {
+            partition,
+            lane: id,
+            taken,
+        }
+    }
+    .boxed()
+}
+
+/// The main loop's lanes, their partition queues and the armed pulls.
+pub(super) struct Lanes {
+    pub(super) by_partition: HashMap<i32, LaneHandle>,
+    /// Revoked lanes still finishing their in-flight events.
+    pub(super) retiring: HashMap<i32, JoinHandle<()>>,
+    pub(super) queues: HashMap<i32, Arc<PartitionQueue>>,
+    pub(super) pulls: FuturesUnordered<BoxFuture<'static, Pulled>>,
+    pub(super) spawner: Spawner,
+}
+
+impl Lanes {
+    /// The lane of `p`, started if there is none; a partition with its own
+    /// queue gets its pull armed.
+    pub(super) fn get_or_spawn(&mut self, p: i32) -> &mut LaneHandle {
+        let lane = match self.by_partition.entry(p) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.spawner.spawn(p, self.retiring.remove(&p)))
+            }
+        };
+        if !lane.pulling {
+            if let Some(q) = self.queues.get(&p) {
+                lane.pulling = true;
+                self.pulls.push(pull(p, lane, q.clone()));
+            }
+        }
+        lane
+    }
+
+    /// Retires the lanes of revoked partitions and starts the lanes of
+    /// assigned ones, before the next message is handled.
+    pub(super) fn apply_notes(&mut self, consumer: &GroupConsumer, topic: &str, status: &Status) {
+        for note in consumer.context().take_notes() {
+            match note {
+                Assignment::Revoked(parts) => {
+                    for p in parts {
+                        if let Some(lane) = self.by_partition.remove(&p) {
+                            // Also resolves the lane's pull without taking
+                            // a message.
+                            lane.stop.cancel();
+                            self.retiring.insert(p, lane.join);
+                        }
+                    }
+                    status.assigned.store(0, Ordering::Relaxed);
+                    metrics::assigned(0);
+                }
+                Assignment::Assigned(parts) => {
+                    // A partition paused by a full lane before a revoke must not
+                    // come back paused: its new lane starts empty.
+                    let mut list = TopicPartitionList::new();
+                    for p in &parts {
+                        list.add_partition(topic, *p);
+                    }
+                    if let Err(e) = consumer.resume(&list) {
+                        tracing::debug!(error = %e, "resume on assign");
+                    }
+                    for p in &parts {
+                        if self.queues.contains_key(p) {
+                            self.get_or_spawn(*p);
+                        }
+                    }
+                    status.assigned.store(parts.len(), Ordering::Relaxed);
+                    metrics::assigned(parts.len());
+                }
+            }
+        }
+        self.retiring.retain(|_, j| !j.is_finished());
+    }
+
+    /// Hands a pulled message to its lane and arms the next pull. A message
+    /// pulled for a lane that has since been replaced goes to the current
+    /// lane (its stash keeps the order); for a revoked partition it is
+    /// dropped, uncommitted, and redelivered to the next owner.
+    pub(super) fn hand_over(
+        &mut self,
+        consumer: &GroupConsumer,
+        topic: &str,
+        pulled: Pulled,
+    ) -> KafkaResult<()> {
+        let Pulled {
+            partition: p,
+            lane: id,
+            taken,
+        } = pulled;
+        let Some(lane) = self.by_partition.get_mut(&p) else {
+            return Ok(());
+        };
+        let current = lane.id == id;
+        if current {
+            lane.pulling = false;
+        }
+        let Some((permit, msg)) = taken else {
+            return Ok(());
+        };
+        let result = match msg {
+            Ok(m) if current && lane.stash.is_empty() => {
+                permit.send(m);
+                Ok(())
+            }
+            Ok(m) => {
+                drop(permit);
+                dispatch(consumer, topic, p, lane, m);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if current {
+            self.get_or_spawn(p);
+        }
+        result
+    }
+}
+
+/// A consumer error: logged and counted; `Some` when the service cannot go on.
+pub(super) fn consumer_error(e: rdkafka::error::KafkaError) -> Option<anyhow::Error> {
+    metrics::kafka_error(&e);
+    match crate::kafka::publisher::classify(&e) {
+        Disposition::Fatal => Some(anyhow::Error::new(e).context("kafka consumer")),
+        _ => {
+            tracing::warn!(error = %e, "kafka consumer error; librdkafka reconnects by itself");
+            None
+        }
+    }
+}
+
+pub(super) fn partition_list(topic: &str, p: i32) -> TopicPartitionList {
+    let mut l = TopicPartitionList::new();
+    l.add_partition(topic, p);
+    l
+}
+
+/// Hands a message to its lane; when the lane is full the message is kept
+/// and the partition paused, so the loop keeps polling (rebalances, other
+/// partitions) while memory stays bounded.
+pub(super) fn dispatch(
+    consumer: &GroupConsumer,
+    topic: &str,
+    p: i32,
+    lane: &mut LaneHandle,
+    m: OwnedMessage,
+) {
+    if !lane.stash.is_empty() {
+        lane.stash.push_back(m);
+        return;
+    }
+    match lane.tx.try_send(m) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(m)) => {
+            lane.stash.push_back(m);
+            if let Err(e) = consumer.pause(&partition_list(topic, p)) {
+                tracing::warn!(error = %e, partition = p, "pause failed");
+            }
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            // The lane stopped (fatal or shutdown); the message stays
+            // uncommitted and is redelivered.
+        }
+    }
+}
+
+pub(super) fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHandle) {
+    if lane.stash.is_empty() {
+        return;
+    }
+    while let Some(m) = lane.stash.pop_front() {
+        match lane.tx.try_send(m) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(m)) => {
+                lane.stash.push_front(m);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                lane.stash.clear();
+                return;
+            }
+        }
+    }
+    if let Err(e) = consumer.resume(&partition_list(topic, p)) {
+        tracing::warn!(error = %e, partition = p, "resume failed");
+    }
+}
