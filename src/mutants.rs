@@ -1,7 +1,7 @@
 //! TEST-ONLY (cargo feature `mutants`, never shipped): deliberately broken
 //! behaviours the chaos suite must catch (docs/reliability.md, "Mutants").
 //! The places that break are marked `#[cfg(feature = "mutants")]` where
-//! they are: `pipeline.rs` (commit-early), `kafka/publisher.rs`
+//! they are: `pipeline/lane.rs` (commit-early), `kafka/publisher.rs`
 //! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt).
 
 /// TEST-ONLY (cargo feature `mutants`, never shipped): true when

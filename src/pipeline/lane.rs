@@ -242,3 +242,44 @@ impl Spawner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::Timestamp;
+
+    use super::*;
+
+    fn msg(key: Option<&str>, payload: &str) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(payload.as_bytes().to_vec()),
+            key.map(|k| k.as_bytes().to_vec()),
+            "orders".to_owned(),
+            Timestamp::NotAvailable,
+            0,
+            7,
+            None,
+        )
+    }
+
+    fn key_of(key: Option<&str>, payload: &str) -> Option<String> {
+        let m = msg(key, payload);
+        order_key(&event::parse(payload.as_bytes()), &m)
+    }
+
+    #[test]
+    fn a_valid_event_is_ordered_by_its_order_id_not_the_record_key() {
+        let placed = r#"{"type":"OrderPlaced","event_id":"e1","order_id":"o-9","customer_id":"c1",
+            "occurred_at":"2026-11-29T10:00:00Z","lines":[{"promotion_id":"p1","budget":1}]}"#;
+        assert_eq!(key_of(Some("other"), placed).as_deref(), Some("o-9"));
+    }
+
+    #[test]
+    fn an_invalid_event_is_ordered_by_its_salvaged_order_id_else_the_key() {
+        // Invalid (no lines), but its order id can be read: it waits for
+        // the same order's valid events like they wait for each other.
+        let salvaged = r#"{"type":"OrderPlaced","event_id":"e1","order_id":"o-9"}"#;
+        assert_eq!(key_of(Some("k"), salvaged).as_deref(), Some("o-9"));
+        assert_eq!(key_of(Some("k"), "not json").as_deref(), Some("k"));
+        assert_eq!(key_of(None, "not json"), None);
+    }
+}

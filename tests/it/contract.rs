@@ -3,7 +3,7 @@
 //!
 //! - every event fixture (the fuzz corpus, the contract's samples, the
 //!   hostile inputs of tests/it/service/hostile_input.rs and the rule cases of
-//!   src/domain/event.rs, and field-by-field mutations of the contract's
+//!   src/domain/event/, and field-by-field mutations of the contract's
 //!   examples) goes through both `domain::event::parse` and the event
 //!   schemas, and the two must agree, except for the documented gaps of
 //!   [`Gap`] (rules JSON Schema cannot express);
@@ -327,7 +327,7 @@ const ANY: &[&str] = &[
     "[\"OrderPlaced\"]",
 ];
 
-/// The rule cases of src/domain/event.rs's unit tests and of
+/// The rule cases of src/domain/event/tests.rs and of
 /// tests/it/service/hostile_input.rs, and mutations of every field of both examples.
 fn generated() -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = Vec::new();
