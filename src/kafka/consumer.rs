@@ -2,9 +2,9 @@
 //!
 //! Rebalance callbacks run inside `recv()` on the pipeline's task. On a
 //! revoke they commit the watermarks of the revoked partitions synchronously
-//! (never past an unacknowledged event, G5), forget them, and queue a note
-//! for the pipeline, which retires those partitions' lanes before it handles
-//! the next message.
+//! ([`commit::revoked`]: never past an unacknowledged event, G5), forget
+//! them, and queue a note for the pipeline, which retires those partitions'
+//! lanes before it handles the next message.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -12,12 +12,13 @@ use std::sync::Mutex;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+    BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::TopicPartitionList;
 
+use super::commit;
 use super::offsets::Offsets;
 use crate::config::KafkaSettings;
 use crate::metrics;
@@ -105,17 +106,7 @@ impl ConsumerContext for Context {
             Rebalance::Revoke(tpl) => {
                 let parts = self.partitions(tpl);
                 let lost = consumer.assignment_lost();
-                let commits = self.offsets.take_commits(Some(&parts));
-                if !lost && !commits.is_empty() {
-                    match commit_list(&self.topic, &commits) {
-                        Ok(list) => {
-                            if let Err(e) = consumer.commit(&list, CommitMode::Sync) {
-                                tracing::warn!(error = %e, "commit on revoke failed; the next owner redoes those events (absorbed by idempotency)");
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cannot build commit list"),
-                    }
-                }
+                let commits = commit::revoked(consumer, &self.offsets, &self.topic, &parts, lost);
                 {
                     let mut assigned = self.assigned();
                     for p in &parts {
@@ -144,28 +135,10 @@ impl ConsumerContext for Context {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(e) = result {
-            let failed: Vec<(i32, i64)> = offsets
-                .elements_for_topic(&self.topic)
-                .iter()
-                .filter_map(|e| match e.offset() {
-                    Offset::Offset(o) => Some((e.partition(), o)),
-                    _ => None,
-                })
-                .collect();
-            self.offsets.commit_failed(&failed);
-            tracing::debug!(error = %e, ?failed, "offset commit failed; offered again next time");
+        if result.is_err() {
+            commit::failed(&self.offsets, &self.topic, offsets);
         }
     }
-}
-
-/// The watermarks as a commit list of the input topic.
-pub fn commit_list(topic: &str, commits: &[(i32, i64)]) -> KafkaResult<TopicPartitionList> {
-    let mut list = TopicPartitionList::with_capacity(commits.len());
-    for (p, o) in commits {
-        list.add_partition_offset(topic, *p, Offset::Offset(*o))?;
-    }
-    Ok(list)
 }
 
 /// Builds the librdkafka consumer configuration: the user's pass-through
@@ -230,14 +203,5 @@ mod tests {
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("session.timeout.ms"), Some("7000"));
         assert_eq!(c.get("group.id"), Some("deductor"));
-    }
-
-    #[test]
-    fn commit_list_names_the_watermarks() {
-        let l = commit_list("orders", &[(0, 5), (3, 9)]).unwrap();
-        let e = l.elements_for_topic("orders");
-        assert_eq!(e.len(), 2);
-        assert_eq!(e[1].partition(), 3);
-        assert_eq!(e[1].offset(), Offset::Offset(9));
     }
 }

@@ -1,5 +1,6 @@
 //! Kafka side: the consumer group, offset watermarks, the producer.
 
+pub mod commit;
 pub mod consumer;
 pub mod headers;
 pub mod offsets;

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::kafka::commit;
 use crate::kafka::consumer::{self as group};
 use crate::kafka::offsets::Offsets;
 use crate::kafka::publisher::Publisher;
@@ -32,12 +33,12 @@ use crate::telemetry::EventTracer;
 
 pub use crate::ops::health::Status;
 
-mod commit;
+mod drained;
 mod lane;
 mod routing;
 mod steps;
 
-use commit::{commit, drained};
+use drained::drained;
 use lane::Spawner;
 use routing::{consumer_error, dispatch, flush_stash, split_queues, Lanes};
 use steps::Processor;
@@ -165,7 +166,7 @@ pub async fn run_with_ledger(
             }
             _ = commit_tick.tick() => {
                 lanes.apply_notes(&consumer, topic, &status);
-                commit(&consumer, &offsets, topic, CommitMode::Async);
+                commit::watermarks(&*consumer, &offsets, topic, CommitMode::Async);
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
                 status.touch();
                 if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, topic) {
@@ -239,8 +240,8 @@ pub async fn run_with_ledger(
             "drain timeout: unfinished events stay uncommitted and are redelivered"
         );
     }
-    commit(
-        &consumer,
+    commit::watermarks(
+        &*consumer,
         &offsets,
         &settings.kafka.input_topic,
         CommitMode::Sync,

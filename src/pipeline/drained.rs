@@ -1,13 +1,12 @@
-//! Commits: only watermarks are committed (on the timer, on revoke and at
-//! shutdown), and the drained check of `exit_when_drained`.
+//! The drained check of `pipeline.exit_when_drained`: every assigned
+//! partition processed to its end. (Commits are `kafka::commit`'s.)
 
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::consumer::Consumer;
 
-use crate::kafka::consumer::{self as group, GroupConsumer};
+use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::offsets::Offsets;
-use crate::metrics;
 
 /// True when partitions are assigned and each is processed to its end
 /// (nothing in flight, watermark or committed offset at the high watermark).
@@ -81,24 +80,4 @@ pub(super) fn cached_watermarks(
     };
     (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
         .then_some((low, high))
-}
-
-/// Commits the watermarks that moved: the one place offsets are committed.
-pub(super) fn commit(consumer: &GroupConsumer, offsets: &Offsets, topic: &str, mode: CommitMode) {
-    let commits = offsets.take_commits(None);
-    if commits.is_empty() {
-        return;
-    }
-    let result = group::commit_list(topic, &commits).and_then(|list| consumer.commit(&list, mode));
-    match result {
-        Ok(()) => {
-            metrics::commit(true);
-            tracing::debug!(?commits, "offsets committed");
-        }
-        Err(e) => {
-            metrics::commit(false);
-            offsets.commit_failed(&commits);
-            tracing::warn!(error = %e, "offset commit failed; retried on the next tick");
-        }
-    }
 }
