@@ -2,7 +2,8 @@
 //! broker and Redis (docs/benchmarks.md; run it with `scripts/bench`).
 //!
 //! In one run, on one machine:
-//! 1. the Redis ceiling: `redis-benchmark` running EVALSHA of deduct.lua;
+//! 1. the Redis ceiling: `redis-benchmark` running EVALSHA of deduct.lua,
+//!    then of issue 14's reference script (`reference.lua`);
 //! 2. max throughput, spread and hot workloads: N events preloaded into a
 //!    fresh topic, then `deductor run --until-drained` from the earliest
 //!    offset; events/s, CPU per 1,000 events and peak RSS of the process;
@@ -495,6 +496,22 @@ async fn ceiling(ctx: &Ctx) -> anyhow::Result<redis::Ceiling> {
     Ok(c)
 }
 
+/// Issue 14's reference: the original design article's four-key script,
+/// on the same Redis, the same way.
+async fn reference_ceiling(ctx: &Ctx) -> anyhow::Result<redis::Ceiling> {
+    let n = ctx.opts.ceiling_requests.unwrap_or(ctx.opts.events);
+    eprintln!("bench: reference ceiling: redis-benchmark EVALSHA reference.lua, {n} calls");
+    let c = ctx
+        .redis
+        .reference_ceiling(include_str!("../reference.lua"), n, 50, 16)
+        .await?;
+    eprintln!(
+        "bench: reference ceiling: {:.0} calls/s ({:.1} us per call inside Redis)",
+        c.calls_per_s, c.usec_per_call
+    );
+    Ok(c)
+}
+
 async fn bench(opts: Opts) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&opts.out)
         .with_context(|| format!("creating {}", opts.out.display()))?;
@@ -597,6 +614,7 @@ async fn compare(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
 async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
     if ctx.wants("ceiling") {
         report.ceilings.push(ceiling(ctx).await?);
+        report.references.push(reference_ceiling(ctx).await?);
     }
     let n = ctx.opts.events;
     if ctx.wants("spread") {
@@ -620,6 +638,7 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         report.latency = Some(latency(ctx, "latency", rate, nl, &[]).await?);
     }
     if ctx.wants("ceiling") {
+        report.references.push(reference_ceiling(ctx).await?);
         report.ceilings.push(ceiling(ctx).await?);
     }
     Ok(())

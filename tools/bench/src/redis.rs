@@ -146,11 +146,7 @@ impl Redis {
             per_customer: Some(5),
         };
         self.reset(std::slice::from_ref(&p)).await?;
-        self.reset_stats().await?;
-        let args: Vec<String> = [
-            "EVALSHA",
-            &sha,
-            "4",
+        let keys_args = [
             "promo:{bench-ceiling}",
             "promo:{bench-ceiling}:used:c__rand_int__",
             "promo:{bench-ceiling}:order:o-__rand_int__",
@@ -161,10 +157,67 @@ impl Redis {
             "e-__rand_int__",
             "2592000",
             "604800",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ];
+        self.benchmark(&sha, 4, &keys_args, requests, clients, pipeline)
+            .await
+    }
+
+    /// The same for issue 14's reference script (`tools/bench/reference.lua`):
+    /// one promotion with ample budget and stock, a unique customer and
+    /// event per call, so every call deducts.
+    pub async fn reference_ceiling(
+        &self,
+        reference_lua: &str,
+        requests: u64,
+        clients: u32,
+        pipeline: u32,
+    ) -> anyhow::Result<Ceiling> {
+        self.run("FLUSHALL", vec![]).await?;
+        self.compact_aof().await?;
+        self.run(
+            "MSET",
+            vec![
+                "budget:{bench-ref}".into(),
+                "1000000000000".into(),
+                "stock:{bench-ref}".into(),
+                "1000000000".into(),
+            ],
+        )
+        .await?;
+        let sha = self.script_load(reference_lua).await?;
+        let keys_args = [
+            "budget:{bench-ref}",
+            "stock:{bench-ref}",
+            "userLimit:{bench-ref}:c__rand_int__",
+            "idem:{bench-ref}:e-__rand_int__",
+            "1500",
+            "1",
+            "5",
+            "604800",
+        ];
+        self.benchmark(&sha, 4, &keys_args, requests, clients, pipeline)
+            .await
+    }
+
+    /// Runs `redis-benchmark` with EVALSHA `sha` and `keys_args` (its
+    /// `__rand_int__` placeholders make each call's keys unique); returns
+    /// calls per second and the time per call inside Redis.
+    async fn benchmark(
+        &self,
+        sha: &str,
+        numkeys: usize,
+        keys_args: &[&str],
+        requests: u64,
+        clients: u32,
+        pipeline: u32,
+    ) -> anyhow::Result<Ceiling> {
+        self.reset_stats().await?;
+        let numkeys = numkeys.to_string();
+        let args: Vec<String> = ["EVALSHA", sha, numkeys.as_str()]
+            .iter()
+            .chain(keys_args)
+            .map(|s| s.to_string())
+            .collect();
         let mut c = Command::new("redis-benchmark");
         c.args(["-h", &self.host, "-p", &self.port.to_string()])
             .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])

@@ -92,6 +92,9 @@ pub struct Report {
     pub machine: Machine,
     #[serde(serialize_with = "ceilings")]
     pub ceilings: Vec<Ceiling>,
+    /// Issue 14's reference script, measured beside each ceiling run.
+    #[serde(serialize_with = "ceilings")]
+    pub references: Vec<Ceiling>,
     pub spread: Option<Run>,
     pub hot: Option<Run>,
     pub baseline: Option<Run>,
@@ -99,6 +102,17 @@ pub struct Report {
     /// A --variant comparison (then the parts above are not run).
     pub comparison: Option<crate::compare::Comparison>,
 }
+
+fn mean(c: &[Ceiling]) -> Option<f64> {
+    if c.is_empty() {
+        return None;
+    }
+    Some(c.iter().map(|c| c.calls_per_s).sum::<f64>() / c.len() as f64)
+}
+
+/// Issue 14's goals against the reference script's ceiling.
+const REFERENCE_SPREAD_TARGET: f64 = 1.0;
+const REFERENCE_HOT_TARGET: f64 = 1.5;
 
 fn ceilings<S: serde::Serializer>(c: &[Ceiling], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;
@@ -159,6 +173,7 @@ impl Report {
                 load_after: String::new(),
             },
             ceilings: Vec::new(),
+            references: Vec::new(),
             spread: None,
             hot: None,
             baseline: None,
@@ -173,10 +188,12 @@ impl Report {
 
     /// The ceiling: the mean of the runs before and after.
     pub fn ceiling(&self) -> Option<f64> {
-        if self.ceilings.is_empty() {
-            return None;
-        }
-        Some(self.ceilings.iter().map(|c| c.calls_per_s).sum::<f64>() / self.ceilings.len() as f64)
+        mean(&self.ceilings)
+    }
+
+    /// The reference script's ceiling: the mean of the runs before and after.
+    pub fn reference(&self) -> Option<f64> {
+        mean(&self.references)
     }
 
     pub fn markdown(&self) -> String {
@@ -221,6 +238,26 @@ impl Report {
                 usec.join(", ")
             );
         }
+        let reference = self.reference();
+        if let Some(r) = reference {
+            let each: Vec<String> = self
+                .references
+                .iter()
+                .map(|c| format!("{:.0} ({:.1} µs)", c.calls_per_s, c.usec_per_call))
+                .collect();
+            let _ = writeln!(
+                s,
+                "| Reference ceiling (issue 14): EVALSHA tools/bench/reference.lua, the article's four-key script, redis-benchmark -c 50 -P 16 | {r:.0} calls/s (runs: {}) | | | | |",
+                each.join(", ")
+            );
+            if let Some(c) = ceiling {
+                let _ = writeln!(
+                    s,
+                    "| deduct.lua's ceiling over the reference's | {c:.0} calls/s | {r:.0} calls/s | {:.2}x | | |",
+                    c / r
+                );
+            }
+        }
         let ratio = |x: f64, base: Option<f64>| base.map(|b| x / b);
         let fmt_ratio = |r: Option<f64>, pct: bool| match r {
             Some(r) if pct => format!("{:.0}%", r * 100.0),
@@ -245,6 +282,23 @@ impl Report {
                 fmt_ratio(q, true),
                 target * 100.0,
                 met(q.map(|q| q >= target)),
+            );
+        }
+        for (run, target) in [
+            (&self.spread, REFERENCE_SPREAD_TARGET),
+            (&self.hot, REFERENCE_HOT_TARGET),
+        ] {
+            let (Some(r), Some(reference)) = (run, reference) else {
+                continue;
+            };
+            let q = r.events_per_s / reference;
+            let _ = writeln!(
+                s,
+                "| {} throughput over the reference ceiling (issue 14) | {:.0} events/s | {reference:.0} calls/s | {} | >= {target:.1}x | {} |",
+                r.workload,
+                r.events_per_s,
+                fmt_ratio(Some(q), false),
+                met(Some(q >= target)),
             );
         }
         if let Some(b) = &self.baseline {
