@@ -433,6 +433,50 @@ async fn per_primary(client: &Client, cluster: bool, body: &str, pattern: &str) 
     out
 }
 
+/// Asserts that the keys that differ between `before` and `after` are
+/// exactly `changed` (in [`diff`]'s order: sorted); when not, the message
+/// names `what` and each unexpected key with its value before and after.
+pub fn assert_changed_only(before: &Dump, after: &Dump, changed: &[String], what: &str) {
+    let got = diff(before, after);
+    if got == changed {
+        return;
+    }
+    let mut msg = format!("{what}: keys changed {got:?}, expected {changed:?}");
+    for k in got.iter().filter(|k| !changed.contains(k)) {
+        msg.push_str(&format!(
+            "\n  {k}:\n    before {:?}\n    after  {:?}",
+            before.get(k),
+            after.get(k)
+        ));
+    }
+    for k in changed.iter().filter(|k| !got.contains(k)) {
+        msg.push_str(&format!(
+            "\n  {k}: expected to change, still {:?}",
+            after.get(k)
+        ));
+    }
+    panic!("{msg}");
+}
+
+/// Asserts that `after` holds the same keys and values as `before`.
+pub fn assert_same(before: &Dump, after: &Dump, what: &str) {
+    assert_changed_only(before, after, &[], what);
+}
+
+impl TestRedis {
+    /// Asserts that every key under the test's prefix is as in `before` (a
+    /// [`TestRedis::dump`] taken before the operation): nothing was written.
+    pub async fn assert_unchanged(&self, before: &Dump, what: &str) {
+        assert_same(before, &self.dump().await, what);
+    }
+
+    /// Asserts that, since `before`, exactly the keys `changed` were
+    /// written (added, removed or changed) and no other.
+    pub async fn assert_changed(&self, before: &Dump, changed: &[String], what: &str) {
+        assert_changed_only(before, &self.dump().await, changed, what);
+    }
+}
+
 /// Keys whose dump differs between `a` and `b` (added, removed or changed).
 pub fn diff(a: &Dump, b: &Dump) -> Vec<String> {
     let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();

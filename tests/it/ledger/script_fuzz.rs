@@ -1146,12 +1146,10 @@ async fn scripts_decide_correctly_or_refuse_without_writing() {
             (Expect::Error(code), Err(e)) => {
                 let first = e.details().split_whitespace().next().unwrap_or("");
                 assert_eq!(first, *code, "{}\nerror: {e}", context());
-                assert_eq!(
-                    before,
-                    after,
-                    "{}\nan error reply wrote: {:?}",
-                    context(),
-                    redis::diff(&before, &after)
+                redis::assert_same(
+                    &before,
+                    &after,
+                    &format!("{}\nan error reply wrote", context()),
                 );
                 format!("{script} {code}")
             }

@@ -113,7 +113,8 @@ async fn replay_of_an_accepted_line_is_a_duplicate_and_changes_nothing() {
     let before = r.dump().await;
     let d = r.ledger.place(&e).await.unwrap();
     assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a replay of an accepted line")
+        .await;
 
     // A new event of the same order is absorbed by the record too (step 1);
     // its memo is written, so that it keeps its decision, and the record
@@ -123,10 +124,12 @@ async fn replay_of_an_accepted_line_is_a_duplicate_and_changes_nothing() {
     assert_eq!(accepted(&d), (true, vec![(30, 1, left(Some(70), Some(4)))]));
     let memo = r.keys().rejected(&id("p"), &id("e2"));
     let record = r.keys().record(&id("p"), &id("o1"));
-    assert_eq!(
-        diff(&before, &r.dump().await),
-        vec![record.clone(), memo.clone()]
-    );
+    r.assert_changed(
+        &before,
+        &[record.clone(), memo.clone()],
+        "a new event of the accepted order",
+    )
+    .await;
     assert_eq!(r.get(&memo).await.as_deref(), Some("accepted"));
     assert_eq!(
         r.hgetall(&record).await.get("absorbed").map(String::as_str),
@@ -180,7 +183,8 @@ async fn replay_of_a_rejected_event_repeats_the_reason() {
     let before = r.dump().await;
     let d = r.ledger.place(&e).await.unwrap();
     assert_eq!(rejected(&d), (true, Reason::BudgetExceeded, "p".into()));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a replay of a rejected event")
+        .await;
     assert!(before[&memo].expires, "the memo has a TTL");
 }
 
@@ -214,11 +218,7 @@ async fn rejections_come_in_the_contract_order_and_store_only_the_memo() {
             .unwrap();
         assert_eq!(rejected(&d), (false, reason, "p".into()), "{event}");
         let memo = r.keys().rejected(&id("p"), &id(event));
-        assert_eq!(
-            diff(&before, &r.dump().await),
-            vec![memo.clone()],
-            "{event}"
-        );
+        r.assert_changed(&before, &[memo.clone()], event).await;
         assert_eq!(r.get(&memo).await.as_deref(), Some(reason.as_str()));
     }
 }
@@ -405,7 +405,8 @@ async fn refund_before_placement_leaves_a_tombstone() {
         .unwrap();
     assert_eq!(rejected(&d), (false, Reason::OrderReverted, "p".into()));
     let memo = r.keys().rejected(&id("p"), &id("e1"));
-    assert_eq!(diff(&before, &r.dump().await), vec![memo]);
+    r.assert_changed(&before, &[memo], "the late placement")
+        .await;
 }
 
 #[tokio::test]
@@ -428,7 +429,8 @@ async fn replay_of_a_placement_after_its_refund_is_an_accepted_duplicate() {
         accepted(&d),
         (true, vec![(30, 2, left(Some(100), Some(5)))])
     );
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a replay after the refund")
+        .await;
 
     // Another event of the refunded order is rejected.
     let d = r
@@ -560,11 +562,7 @@ async fn refund_above_the_outstanding_amount_is_rejected() {
         );
         // The result is kept in the order's record (field refund:<E>).
         let record = r.keys().record(&id("p"), &id("o1"));
-        assert_eq!(
-            diff(&before, &r.dump().await),
-            vec![record.clone()],
-            "{event}"
-        );
+        r.assert_changed(&before, &[record.clone()], event).await;
         assert_eq!(
             r.hgetall(&record)
                 .await
@@ -607,7 +605,7 @@ async fn refund_replay_returns_the_stored_result() {
     assert_eq!(line(&again, 0), (Ok(()), true, 10, 1));
     assert_eq!(line(&again, 1), (Err(Reason::NoDeduction), true, 0, 0));
     assert!(again.duplicate());
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a refund replay").await;
 }
 
 #[tokio::test]
@@ -672,10 +670,12 @@ async fn multi_line_is_all_or_nothing() {
     // Counters restored exactly; what is left is the failing line's memo,
     // the released marks of the lines before it (and the used counter, back
     // at 0).
-    assert_eq!(
-        diff(&before, &r.dump().await),
-        vec![mark_a.clone(), used.clone(), mark_b.clone(), memo]
-    );
+    r.assert_changed(
+        &before,
+        &[mark_a.clone(), used.clone(), mark_b.clone(), memo],
+        "a rejected multi-line placement",
+    )
+    .await;
     assert_eq!(r.get(&used).await.as_deref(), Some("0"));
     assert_eq!(r.get(&mark_a).await.as_deref(), Some("released"));
     assert_eq!(r.get(&mark_b).await.as_deref(), Some("released"));
@@ -714,7 +714,8 @@ async fn multi_line_replay_of_a_rejected_event_is_rejected_again_on_the_same_lin
     let before = r.dump().await;
     let d = r.ledger.place(&e).await.unwrap();
     assert_eq!(rejected(&d), (true, Reason::BudgetExceeded, "b".into()));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a replay of a rejected multi-line event")
+        .await;
 }
 
 #[tokio::test]
@@ -741,10 +742,12 @@ async fn multi_line_replay_finishes_a_release_a_crash_interrupted() {
     let d = r.ledger.place(&e).await.unwrap();
     assert_eq!(rejected(&d), (true, Reason::BudgetExceeded, "b".into()));
     // a released and marked; b keeps its reason (a mark never overwrites one).
-    assert_eq!(
-        diff(&start, &r.dump().await),
-        vec![k.memo.clone(), k.used.clone(), memo.clone()]
-    );
+    r.assert_changed(
+        &start,
+        &[k.memo.clone(), k.used.clone(), memo.clone()],
+        "the replay that finishes the release",
+    )
+    .await;
     assert_eq!(r.get(&k.memo).await.as_deref(), Some("released"));
     assert_eq!(r.get(&memo).await.as_deref(), Some("budget_exceeded"));
     assert_eq!(r.promo_field("a", "budget").await.as_deref(), Some("100"));
@@ -852,11 +855,8 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
                 "{field}={value:?}"
             );
             let memo = r.keys().rejected(&p, &id(&format!("e{n}")));
-            assert_eq!(
-                diff(&before, &r.dump().await),
-                vec![memo.clone()],
-                "{field}={value:?}"
-            );
+            r.assert_changed(&before, &[memo.clone()], &format!("{field}={value:?}"))
+                .await;
             assert_eq!(r.get(&memo).await.as_deref(), Some("corrupt_promotion"));
         }
     }
@@ -870,10 +870,12 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
         .await
         .unwrap();
     assert_eq!(rejected(&d).1, Reason::CorruptPromotion);
-    assert_eq!(
-        diff(&before, &r.dump().await),
-        vec![r.keys().rejected(&p, &id("s1"))]
-    );
+    r.assert_changed(
+        &before,
+        &[r.keys().rejected(&p, &id("s1"))],
+        "status=closed",
+    )
+    .await;
 
     r.seed(
         "p",
@@ -953,11 +955,8 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
         } else {
             vec![k.memo.clone()]
         };
-        assert_eq!(
-            diff(&before, &r.dump().await),
-            written,
-            "{which} {fields:?}"
-        );
+        r.assert_changed(&before, &written, &format!("{which} {fields:?}"))
+            .await;
     }
 }
 
@@ -1022,7 +1021,8 @@ async fn wrong_key_types_are_corrupt() {
             vec![]
         };
         written.sort();
-        assert_eq!(diff(&before, &r.dump().await), written, "key {i}");
+        r.assert_changed(&before, &written, &format!("key {i}"))
+            .await;
     }
 }
 
@@ -1044,10 +1044,12 @@ async fn corrupt_line_of_a_multi_line_order_releases_the_others() {
     // a's per-customer counter remains, at 0.
     let memo_a = r.keys().rejected(&id("a"), &id("e1"));
     let memo_b = r.keys().rejected(&id("b"), &id("e1"));
-    assert_eq!(
-        diff(&before, &r.dump().await),
-        vec![memo_a.clone(), used.clone(), memo_b.clone()],
-    );
+    r.assert_changed(
+        &before,
+        &[memo_a.clone(), used.clone(), memo_b.clone()],
+        "a multi-line placement with a corrupt line",
+    )
+    .await;
     assert_eq!(r.get(&used).await.as_deref(), Some("0"));
     assert_eq!(r.get(&memo_a).await.as_deref(), Some("released"));
     assert_eq!(r.get(&memo_b).await.as_deref(), Some("corrupt_promotion"));
@@ -1064,10 +1066,12 @@ async fn corrupt_line_of_a_multi_line_order_releases_the_others() {
         .unwrap();
     assert_eq!(rejected(&d), (false, Reason::CorruptPromotion, "b".into()));
     // Only a's line is marked released (b's memo cannot be written over).
-    assert_eq!(
-        diff(&before, &r.dump().await),
-        vec![r.keys().rejected(&id("a"), &id("e2"))]
-    );
+    r.assert_changed(
+        &before,
+        &[r.keys().rejected(&id("a"), &id("e2"))],
+        "a corrupt rejection memo",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1205,7 +1209,7 @@ async fn bad_arguments_are_badarg_error_replies() {
         .await
         .unwrap_err();
     assert_eq!(classify_code(&e), ErrorClass::BadArg, "{e}");
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "bad arguments").await;
 }
 
 fn classify_code(e: &fred::error::Error) -> ErrorClass {

@@ -1447,7 +1447,7 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
     .unwrap_err();
     assert!(matches!(e, AdminError::Refused(_)), "{e}");
     assert!(e.to_string().contains("below 0"), "{e}");
-    assert_eq!(r.dump().await, before, "nothing written");
+    r.assert_unchanged(&before, "nothing written").await;
 
     // Corrupt data is named, not overwritten.
     r.seed(
@@ -1477,7 +1477,7 @@ async fn promo_scripts_refuse_bad_arguments_and_corrupt_data_writing_nothing() {
         let e = result.unwrap_err();
         assert!(e.to_string().contains("CORRUPT"), "{e}");
     }
-    assert_eq!(r.dump().await, before, "nothing written");
+    r.assert_unchanged(&before, "nothing written").await;
     // promo list names an unreadable promotion and goes on.
     let o = admin(&r, &["promo", "list"]).await;
     assert_exit(&o, 0, "promo list with a corrupt promotion");
