@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const SERVICE: &str = "deductor";
+pub use deductor_testkit::sentinel::{self, SERVICE};
 
 /// A port nothing listens on right now (the OS picks it).
 pub fn free_port() -> u16 {
@@ -192,17 +192,7 @@ impl Replicated {
                 cli(sentinel, &all)
             };
             eventually(90, "the sentinels know the replica and each other", || {
-                let master = asks(&["SENTINEL", "MASTER", SERVICE]);
-                let field = |name: &str| {
-                    let mut lines = master.lines();
-                    while let Some(l) = lines.next() {
-                        if l == name {
-                            return lines.next().unwrap_or("").to_owned();
-                        }
-                    }
-                    String::new()
-                };
-                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+                sentinel::knows(&asks(&["SENTINEL", "MASTER", SERVICE]), 1, 2)
             })
             .await;
         }
@@ -212,32 +202,15 @@ impl Replicated {
     fn sentinel(&self, password: Option<&str>) -> Proc {
         let port = free_port();
         let dir = self.dir.path().join(format!("sentinel-{port}"));
-        std::fs::create_dir_all(&dir).expect("sentinel dir");
-        let conf = dir.join("sentinel.conf");
-        let mut text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\n\
-             sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 1000\n\
-             sentinel failover-timeout {SERVICE} 3000\n\
-             sentinel parallel-syncs {SERVICE} 1\n",
-            dir.display(),
-            self.proxy.port
-        );
+        let mut extra = String::new();
         if let Some(pw) = &self.password {
-            text.push_str(&format!("sentinel auth-pass {SERVICE} {pw}\n"));
+            extra.push_str(&format!("sentinel auth-pass {SERVICE} {pw}\n"));
         }
         if let Some(pw) = password {
-            text.push_str(&format!("requirepass {pw}\n"));
+            extra.push_str(&format!("requirepass {pw}\n"));
         }
-        std::fs::write(&conf, text).expect("sentinel.conf");
-        let child = Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server --sentinel");
+        let child =
+            sentinel::start(&dir, port, self.proxy.port, &extra).expect("redis-server --sentinel");
         Proc {
             port,
             child: Some(child),

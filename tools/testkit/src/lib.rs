@@ -5,11 +5,13 @@
 //! - [`service`]: the `deductor` binary as a child process;
 //! - [`rng`]: the seeded PRNG their workloads are made with;
 //! - [`redis_cli`]: `redis-cli` against a loopback node;
+//! - [`sentinel`]: the sentinels of a replicated Redis of one's own;
 //! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
 //!   used by the integration tests in `tests/it`).
 
 pub mod proxy;
 pub mod redis_cli;
 pub mod rng;
+pub mod sentinel;
 pub mod service;
 pub mod topics;
