@@ -87,28 +87,10 @@ pub fn unique_prefix() -> String {
     format!("t{:016x}", rand::random::<u64>())
 }
 
-/// Settings for tests: the service defaults with `url` and `prefix`.
+/// Settings for tests: the service defaults with `url` and `prefix` (see
+/// [`deductor_testkit::settings::redis`]).
 pub fn settings(url: &str, prefix: &str) -> RedisSettings {
-    RedisSettings {
-        url: url.to_owned(),
-        username: String::new(),
-        password: String::new(),
-        password_file: String::new(),
-        tls_ca_file: String::new(),
-        tls_insecure_skip_verify: false,
-        pool_size: 2,
-        command_timeout_ms: 5_000,
-        connect_timeout_ms: 2_000,
-        key_prefix: prefix.to_owned(),
-        record_ttl_secs: 2_592_000,
-        refund_ttl_secs: 604_800,
-        slow_script_ms: 1_000,
-        sentinel_username: String::new(),
-        sentinel_password: String::new(),
-        sentinel_password_file: String::new(),
-        wait_replicas: 0,
-        wait_timeout_ms: 1_000,
-    }
+    deductor_testkit::settings::redis(url, prefix)
 }
 
 pub fn id(s: &str) -> Id {

@@ -6,6 +6,8 @@
 //! - [`rng`]: the seeded PRNG their workloads are made with;
 //! - [`redis_cli`]: `redis-cli` against a loopback node;
 //! - [`sentinel`]: the sentinels of a replicated Redis of one's own;
+//! - [`settings`]: Redis settings for a test or tool, whatever the
+//!   environment says;
 //! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
 //!   used by the integration tests in `tests/it`).
 
@@ -14,4 +16,5 @@ pub mod redis_cli;
 pub mod rng;
 pub mod sentinel;
 pub mod service;
+pub mod settings;
 pub mod topics;
