@@ -59,7 +59,7 @@ impl Drop for Proc {
     }
 }
 
-pub use deductor_testkit::redis_cli::cli;
+pub use deductor_testkit::redis_cli::{cli, cluster_create, cluster_in_sync, cluster_url};
 
 /// `INFO replication` field of the node on `port`.
 pub fn repl_field(port: u16, field: &str) -> String {
@@ -343,43 +343,19 @@ impl ReplicatedCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        cluster_create(&addrs).expect("cluster create");
         let c = ReplicatedCluster { dir, nodes };
         let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
         eventually(90, "cluster ok with 3 replicas in sync", || {
-            ports
-                .iter()
-                .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-                && ports
-                    .iter()
-                    .filter(|p| repl_field(**p, "master_link_status") == "up")
-                    .count()
-                    == 3
+            cluster_in_sync(&ports, 3)
         })
         .await;
         c
     }
 
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self.nodes[1..]
-            .iter()
-            .map(|n| format!("node=127.0.0.1:{}", n.port))
-            .collect();
-        format!(
-            "redis-cluster://127.0.0.1:{}?{}",
-            self.nodes[0].port,
-            nodes.join("&")
-        )
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        cluster_url(&ports)
     }
 
     /// The replica node of the primary on `primary`.

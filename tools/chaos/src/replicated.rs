@@ -14,14 +14,14 @@
 //! "fixed" by Sentinel and bypass the proxy.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
 use deductor_testkit::proxy::{Link, LinkProxy};
-use deductor_testkit::redis_cli::cli;
+use deductor_testkit::redis_cli::{cli, cluster_create, cluster_in_sync, cluster_url};
 use deductor_testkit::sentinel;
 
 use crate::stack::Redis;
@@ -289,19 +289,7 @@ impl ReplicatedCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{}", p.port))
             .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .context("redis-cli --cluster create")?;
-        if !out.status.success() {
-            bail!(
-                "redis-cli --cluster create: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        cluster_create(&addrs)?;
         let c = ReplicatedCluster {
             nodes,
             proxies,
@@ -322,33 +310,15 @@ impl ReplicatedCluster {
         eventually(
             Duration::from_secs(90),
             "the cluster is ok with 3 replicas in sync",
-            || {
-                ports
-                    .iter()
-                    .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-                    && ports
-                        .iter()
-                        .filter(|p| {
-                            cli(**p, &["INFO", "replication"]).contains("master_link_status:up")
-                        })
-                        .count()
-                        == 3
-            },
+            || cluster_in_sync(&ports, 3),
         )
         .await
     }
 
     /// The `redis-cluster://` url (the proxies).
     pub fn url(&self) -> String {
-        let rest: Vec<String> = self.proxies[1..]
-            .iter()
-            .map(|p| format!("node=127.0.0.1:{}", p.port))
-            .collect();
-        format!(
-            "redis-cluster://127.0.0.1:{}?{}",
-            self.proxies[0].port,
-            rest.join("&")
-        )
+        let ports: Vec<u16> = self.proxies.iter().map(|p| p.port).collect();
+        cluster_url(&ports)
     }
 
     /// Index of the node whose proxy port is `proxy`.

@@ -4,7 +4,8 @@
 //! - [`topics`]: fresh topics for a run, and reading a topic back to its end;
 //! - [`service`]: the `deductor` binary as a child process;
 //! - [`rng`]: the seeded PRNG their workloads are made with;
-//! - [`redis_cli`]: `redis-cli` against a loopback node;
+//! - [`redis_cli`]: `redis-cli` against a loopback node, and a Redis Cluster
+//!   of such nodes created and waited for;
 //! - [`sentinel`]: the sentinels of a replicated Redis of one's own;
 //! - [`settings`]: Redis settings for a test or tool, whatever the
 //!   environment says;
