@@ -49,8 +49,12 @@ async fn corrupt_stored_values_reject_and_write_nothing() {
                 "{field}={value:?}"
             );
             let memo = r.keys().rejected(&p, &id(&format!("e{n}")));
-            r.assert_changed(&before, &[memo.clone()], &format!("{field}={value:?}"))
-                .await;
+            r.assert_changed(
+                &before,
+                std::slice::from_ref(&memo),
+                &format!("{field}={value:?}"),
+            )
+            .await;
             assert_eq!(r.get(&memo).await.as_deref(), Some("corrupt_promotion"));
         }
     }

@@ -168,7 +168,8 @@ async fn rejections_come_in_the_contract_order_and_store_only_the_memo() {
             .unwrap();
         assert_eq!(rejected(&d), (false, reason, "p".into()), "{event}");
         let memo = r.keys().rejected(&id("p"), &id(event));
-        r.assert_changed(&before, &[memo.clone()], event).await;
+        r.assert_changed(&before, std::slice::from_ref(&memo), event)
+            .await;
         assert_eq!(r.get(&memo).await.as_deref(), Some(reason.as_str()));
     }
 }

@@ -185,7 +185,8 @@ async fn refund_above_the_outstanding_amount_is_rejected() {
         );
         // The result is kept in the order's record (field refund:<E>).
         let record = r.keys().record(&id("p"), &id("o1"));
-        r.assert_changed(&before, &[record.clone()], event).await;
+        r.assert_changed(&before, std::slice::from_ref(&record), event)
+            .await;
         assert_eq!(
             r.hgetall(&record)
                 .await
