@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use deductor::config::RedisSettings;
+use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
 use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
 use deductor::domain::keys::Keys;
 use deductor::ledger::Ledger;
@@ -145,6 +146,25 @@ fn header(event: &str, order: &str, customer: &str, at: i64) -> Header {
         customer_id: id(customer),
         occurred_at: at,
     }
+}
+
+/// A placement's rejection as (duplicate, reason, failing promotion);
+/// panics on an acceptance.
+pub fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
+    match d {
+        PlaceDecision::Rejected {
+            duplicate,
+            reason,
+            promotion_id,
+        } => (*duplicate, *reason, promotion_id.to_string()),
+        other => panic!("expected rejected, got {other:?}"),
+    }
+}
+
+/// Line `i` of a refund's decision as (status, duplicate, budget, stock).
+pub fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
+    let l = &d.lines[i];
+    (l.status, l.duplicate, l.budget, l.stock)
 }
 
 /// One key as dumped: its type and value, and whether it has a TTL.

@@ -8,29 +8,13 @@
 use crate::common::redis::*;
 use deductor::admin::{self, PromoSpec};
 use deductor::audit;
-use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
+use deductor::domain::decision::{PlaceDecision, Reason};
 use deductor::ledger::{scripts, Ledger};
 
 const T: i64 = 1_800_000_000;
 
 fn is_accepted(d: &PlaceDecision) -> bool {
     matches!(d, PlaceDecision::Accepted { .. })
-}
-
-fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
-    match d {
-        PlaceDecision::Rejected {
-            duplicate,
-            reason,
-            promotion_id,
-        } => (*duplicate, *reason, promotion_id.to_string()),
-        other => panic!("expected rejected, got {other:?}"),
-    }
-}
-
-fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
-    let l = &d.lines[i];
-    (l.status, l.duplicate, l.budget, l.stock)
 }
 
 /// Places an event that must be accepted.

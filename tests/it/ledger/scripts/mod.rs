@@ -17,7 +17,7 @@ mod promo_set;
 mod refund;
 
 use crate::common::redis::TestRedis;
-use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision, Remaining};
+use deductor::domain::decision::{PlaceDecision, Remaining};
 
 const T: i64 = 1_800_000_000;
 
@@ -48,22 +48,6 @@ fn accepted(d: &PlaceDecision) -> (bool, Vec<(u64, u64, Remaining)>) {
     }
 }
 
-fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
-    match d {
-        PlaceDecision::Rejected {
-            duplicate,
-            reason,
-            promotion_id,
-        } => (*duplicate, *reason, promotion_id.to_string()),
-        other => panic!("expected rejected, got {other:?}"),
-    }
-}
-
 fn left(budget: Option<u64>, stock: Option<u64>) -> Remaining {
     Remaining { budget, stock }
-}
-
-fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
-    let l = &d.lines[i];
-    (l.status, l.duplicate, l.budget, l.stock)
 }
