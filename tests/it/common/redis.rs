@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use deductor::config::RedisSettings;
+use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
 use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
 use deductor::domain::keys::Keys;
 use deductor::ledger::Ledger;
@@ -87,28 +88,10 @@ pub fn unique_prefix() -> String {
     format!("t{:016x}", rand::random::<u64>())
 }
 
-/// Settings for tests: the service defaults with `url` and `prefix`.
+/// Settings for tests: the service defaults with `url` and `prefix` (see
+/// [`deductor_testkit::settings::redis`]).
 pub fn settings(url: &str, prefix: &str) -> RedisSettings {
-    RedisSettings {
-        url: url.to_owned(),
-        username: String::new(),
-        password: String::new(),
-        password_file: String::new(),
-        tls_ca_file: String::new(),
-        tls_insecure_skip_verify: false,
-        pool_size: 2,
-        command_timeout_ms: 5_000,
-        connect_timeout_ms: 2_000,
-        key_prefix: prefix.to_owned(),
-        record_ttl_secs: 2_592_000,
-        refund_ttl_secs: 604_800,
-        slow_script_ms: 1_000,
-        sentinel_username: String::new(),
-        sentinel_password: String::new(),
-        sentinel_password_file: String::new(),
-        wait_replicas: 0,
-        wait_timeout_ms: 1_000,
-    }
+    deductor_testkit::settings::redis(url, prefix)
 }
 
 pub fn id(s: &str) -> Id {
@@ -163,6 +146,25 @@ fn header(event: &str, order: &str, customer: &str, at: i64) -> Header {
         customer_id: id(customer),
         occurred_at: at,
     }
+}
+
+/// A placement's rejection as (duplicate, reason, failing promotion);
+/// panics on an acceptance.
+pub fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
+    match d {
+        PlaceDecision::Rejected {
+            duplicate,
+            reason,
+            promotion_id,
+        } => (*duplicate, *reason, promotion_id.to_string()),
+        other => panic!("expected rejected, got {other:?}"),
+    }
+}
+
+/// Line `i` of a refund's decision as (status, duplicate, budget, stock).
+pub fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
+    let l = &d.lines[i];
+    (l.status, l.duplicate, l.budget, l.stock)
 }
 
 /// One key as dumped: its type and value, and whether it has a TTL.
@@ -431,6 +433,50 @@ async fn per_primary(client: &Client, cluster: bool, body: &str, pattern: &str) 
         out.push(reply);
     }
     out
+}
+
+/// Asserts that the keys that differ between `before` and `after` are
+/// exactly `changed` (in [`diff`]'s order: sorted); when not, the message
+/// names `what` and each unexpected key with its value before and after.
+pub fn assert_changed_only(before: &Dump, after: &Dump, changed: &[String], what: &str) {
+    let got = diff(before, after);
+    if got == changed {
+        return;
+    }
+    let mut msg = format!("{what}: keys changed {got:?}, expected {changed:?}");
+    for k in got.iter().filter(|k| !changed.contains(k)) {
+        msg.push_str(&format!(
+            "\n  {k}:\n    before {:?}\n    after  {:?}",
+            before.get(k),
+            after.get(k)
+        ));
+    }
+    for k in changed.iter().filter(|k| !got.contains(k)) {
+        msg.push_str(&format!(
+            "\n  {k}: expected to change, still {:?}",
+            after.get(k)
+        ));
+    }
+    panic!("{msg}");
+}
+
+/// Asserts that `after` holds the same keys and values as `before`.
+pub fn assert_same(before: &Dump, after: &Dump, what: &str) {
+    assert_changed_only(before, after, &[], what);
+}
+
+impl TestRedis {
+    /// Asserts that every key under the test's prefix is as in `before` (a
+    /// [`TestRedis::dump`] taken before the operation): nothing was written.
+    pub async fn assert_unchanged(&self, before: &Dump, what: &str) {
+        assert_same(before, &self.dump().await, what);
+    }
+
+    /// Asserts that, since `before`, exactly the keys `changed` were
+    /// written (added, removed or changed) and no other.
+    pub async fn assert_changed(&self, before: &Dump, changed: &[String], what: &str) {
+        assert_changed_only(before, &self.dump().await, changed, what);
+    }
 }
 
 /// Keys whose dump differs between `a` and `b` (added, removed or changed).

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const SERVICE: &str = "deductor";
+pub use deductor_testkit::sentinel::{self, SERVICE};
 
 /// A port nothing listens on right now (the OS picks it).
 pub fn free_port() -> u16 {
@@ -59,7 +59,7 @@ impl Drop for Proc {
     }
 }
 
-pub use deductor_testkit::redis_cli::cli;
+pub use deductor_testkit::redis_cli::{cli, cluster_create, cluster_in_sync, cluster_url};
 
 /// `INFO replication` field of the node on `port`.
 pub fn repl_field(port: u16, field: &str) -> String {
@@ -192,17 +192,7 @@ impl Replicated {
                 cli(sentinel, &all)
             };
             eventually(90, "the sentinels know the replica and each other", || {
-                let master = asks(&["SENTINEL", "MASTER", SERVICE]);
-                let field = |name: &str| {
-                    let mut lines = master.lines();
-                    while let Some(l) = lines.next() {
-                        if l == name {
-                            return lines.next().unwrap_or("").to_owned();
-                        }
-                    }
-                    String::new()
-                };
-                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+                sentinel::knows(&asks(&["SENTINEL", "MASTER", SERVICE]), 1, 2)
             })
             .await;
         }
@@ -212,32 +202,15 @@ impl Replicated {
     fn sentinel(&self, password: Option<&str>) -> Proc {
         let port = free_port();
         let dir = self.dir.path().join(format!("sentinel-{port}"));
-        std::fs::create_dir_all(&dir).expect("sentinel dir");
-        let conf = dir.join("sentinel.conf");
-        let mut text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\n\
-             sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 1000\n\
-             sentinel failover-timeout {SERVICE} 3000\n\
-             sentinel parallel-syncs {SERVICE} 1\n",
-            dir.display(),
-            self.proxy.port
-        );
+        let mut extra = String::new();
         if let Some(pw) = &self.password {
-            text.push_str(&format!("sentinel auth-pass {SERVICE} {pw}\n"));
+            extra.push_str(&format!("sentinel auth-pass {SERVICE} {pw}\n"));
         }
         if let Some(pw) = password {
-            text.push_str(&format!("requirepass {pw}\n"));
+            extra.push_str(&format!("requirepass {pw}\n"));
         }
-        std::fs::write(&conf, text).expect("sentinel.conf");
-        let child = Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server --sentinel");
+        let child =
+            sentinel::start(&dir, port, self.proxy.port, &extra).expect("redis-server --sentinel");
         Proc {
             port,
             child: Some(child),
@@ -370,43 +343,19 @@ impl ReplicatedCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        cluster_create(&addrs).expect("cluster create");
         let c = ReplicatedCluster { dir, nodes };
         let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
         eventually(90, "cluster ok with 3 replicas in sync", || {
-            ports
-                .iter()
-                .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-                && ports
-                    .iter()
-                    .filter(|p| repl_field(**p, "master_link_status") == "up")
-                    .count()
-                    == 3
+            cluster_in_sync(&ports, 3)
         })
         .await;
         c
     }
 
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self.nodes[1..]
-            .iter()
-            .map(|n| format!("node=127.0.0.1:{}", n.port))
-            .collect();
-        format!(
-            "redis-cluster://127.0.0.1:{}?{}",
-            self.nodes[0].port,
-            nodes.join("&")
-        )
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        cluster_url(&ports)
     }
 
     /// The replica node of the primary on `primary`.

@@ -8,29 +8,13 @@
 use crate::common::redis::*;
 use deductor::admin::audit;
 use deductor::admin::{self, PromoSpec};
-use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
+use deductor::domain::decision::{PlaceDecision, Reason};
 use deductor::ledger::{scripts, Ledger};
 
 const T: i64 = 1_800_000_000;
 
 fn is_accepted(d: &PlaceDecision) -> bool {
     matches!(d, PlaceDecision::Accepted { .. })
-}
-
-fn rejected(d: &PlaceDecision) -> (bool, Reason, String) {
-    match d {
-        PlaceDecision::Rejected {
-            duplicate,
-            reason,
-            promotion_id,
-        } => (*duplicate, *reason, promotion_id.to_string()),
-        other => panic!("expected rejected, got {other:?}"),
-    }
-}
-
-fn line(d: &RefundDecision, i: usize) -> (Result<(), Reason>, bool, u64, u64) {
-    let l = &d.lines[i];
-    (l.status, l.duplicate, l.budget, l.stock)
 }
 
 /// Places an event that must be accepted.
@@ -297,7 +281,7 @@ async fn a_refund_naming_another_customer_frees_the_deductions_customer() {
         .await
         .unwrap();
     assert_eq!(line(&d, 0), (Ok(()), true, 0, 1));
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "the redelivered refund").await;
     audit_clean(&r, "p").await;
 }
 
@@ -447,7 +431,7 @@ async fn a_guarded_replace_refuses_while_deductions_are_outstanding() {
         .await
         .unwrap_err();
     assert!(matches!(e, admin::AdminError::Refused(_)), "{e}");
-    assert_eq!(diff(&before, &r.dump().await), Vec::<String>::new());
+    r.assert_unchanged(&before, "a refused replace").await;
     r.ledger
         .refund(&refunded("r1", "o1", "c", &[("p", None, None)]))
         .await

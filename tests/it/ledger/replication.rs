@@ -109,7 +109,7 @@ async fn sentinel_url_with_credentials_connects_and_deducts() {
     assert_eq!(e.disposition(), Disposition::Fatal, "{e}");
 }
 
-/// The service user of docs/operations.md (as in tests/it/service/security.rs).
+/// The service user of docs/operations.md (as in tests/it/service/security/redis_acl.rs).
 const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
     +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
 /// What the gate and Sentinel add on the data nodes, and the sentinels' user.

@@ -14,18 +14,19 @@
 //! "fixed" by Sentinel and bypass the proxy.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
 use deductor_testkit::proxy::{Link, LinkProxy};
-use deductor_testkit::redis_cli::cli;
+use deductor_testkit::redis_cli::{cli, cluster_create, cluster_in_sync, cluster_url};
+use deductor_testkit::sentinel;
 
 use crate::stack::Redis;
 
-pub const SERVICE: &str = "deductor";
+pub use deductor_testkit::sentinel::SERVICE;
 
 /// Polls `check` every 100 ms for up to `limit`.
 async fn eventually(
@@ -88,27 +89,7 @@ impl Replicated {
         for k in 0..3 {
             let sport = port + 20 + k;
             let sdir = dir.join(format!("sentinel-{k}"));
-            std::fs::create_dir_all(&sdir)?;
-            let conf = sdir.join("sentinel.conf");
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {sport}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\n\
-                     sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {SERVICE} 1000\n\
-                     sentinel failover-timeout {SERVICE} 3000\n\
-                     sentinel parallel-syncs {SERVICE} 1\n",
-                    sdir.display(),
-                    proxy_ports[0]
-                ),
-            )?;
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
+            let child = sentinel::start(&sdir, sport, proxy_ports[0], "")
                 .context("starting redis-server --sentinel")?;
             // scripts/chaos kills what a crashed run left by these.
             std::fs::write(sdir.join("pid"), child.id().to_string())?;
@@ -118,19 +99,7 @@ impl Replicated {
         eventually(
             Duration::from_secs(90),
             "the sentinels know the replica and each other",
-            || {
-                let master = cli(first, &["SENTINEL", "MASTER", SERVICE]);
-                let field = |name: &str| {
-                    let mut lines = master.lines();
-                    while let Some(l) = lines.next() {
-                        if l == name {
-                            return lines.next().unwrap_or("").to_owned();
-                        }
-                    }
-                    String::new()
-                };
-                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
-            },
+            || sentinel::knows(&cli(first, &["SENTINEL", "MASTER", SERVICE]), 1, 2),
         )
         .await?;
         Ok(set)
@@ -320,19 +289,7 @@ impl ReplicatedCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{}", p.port))
             .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .context("redis-cli --cluster create")?;
-        if !out.status.success() {
-            bail!(
-                "redis-cli --cluster create: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        cluster_create(&addrs)?;
         let c = ReplicatedCluster {
             nodes,
             proxies,
@@ -353,33 +310,15 @@ impl ReplicatedCluster {
         eventually(
             Duration::from_secs(90),
             "the cluster is ok with 3 replicas in sync",
-            || {
-                ports
-                    .iter()
-                    .all(|p| cli(*p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-                    && ports
-                        .iter()
-                        .filter(|p| {
-                            cli(**p, &["INFO", "replication"]).contains("master_link_status:up")
-                        })
-                        .count()
-                        == 3
-            },
+            || cluster_in_sync(&ports, 3),
         )
         .await
     }
 
     /// The `redis-cluster://` url (the proxies).
     pub fn url(&self) -> String {
-        let rest: Vec<String> = self.proxies[1..]
-            .iter()
-            .map(|p| format!("node=127.0.0.1:{}", p.port))
-            .collect();
-        format!(
-            "redis-cluster://127.0.0.1:{}?{}",
-            self.proxies[0].port,
-            rest.join("&")
-        )
+        let ports: Vec<u16> = self.proxies.iter().map(|p| p.port).collect();
+        cluster_url(&ports)
     }
 
     /// Index of the node whose proxy port is `proxy`.

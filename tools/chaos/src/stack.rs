@@ -368,26 +368,14 @@ impl Broker {
 }
 
 /// Redis settings for the run's own tools, independent of any `DEDUCTOR_*`
-/// variables (scripts/chaos exports the dev-stack's, which are not settings).
+/// variables (scripts/chaos exports the dev-stack's, which are not settings):
+/// the testkit's, with a larger pool and longer timeouts.
 pub fn redis_settings(url: &str, prefix: &str) -> RedisSettings {
     RedisSettings {
-        url: url.to_owned(),
-        username: String::new(),
-        password: String::new(),
-        password_file: String::new(),
-        tls_ca_file: String::new(),
-        tls_insecure_skip_verify: false,
         pool_size: 4,
         command_timeout_ms: 10_000,
         connect_timeout_ms: 5_000,
-        key_prefix: prefix.to_owned(),
-        record_ttl_secs: 2_592_000,
-        refund_ttl_secs: 604_800,
         slow_script_ms: 10_000,
-        sentinel_username: String::new(),
-        sentinel_password: String::new(),
-        sentinel_password_file: String::new(),
-        wait_replicas: 0,
-        wait_timeout_ms: 1_000,
+        ..deductor_testkit::settings::redis(url, prefix)
     }
 }
