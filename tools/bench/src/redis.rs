@@ -157,6 +157,7 @@ impl Redis {
             "e-__rand_int__",
             "2592000",
             "604800",
+            "c__rand_int__",
         ];
         self.benchmark(&sha, 4, &keys_args, requests, clients, pipeline)
             .await
