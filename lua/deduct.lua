@@ -151,10 +151,15 @@ local function main()
     redis.call('EXPIRE', k_used, record_ttl)
     counted = '1'
   end
-  redis.call('HSET', k_record, 'state', 'deducted', 'event', event,
+  -- One HSET for the whole record, `gen` included when the promotion has one.
+  local fields = { 'state', 'deducted', 'event', event,
     'budget', ARGV[1], 'stock', ARGV[2], 'budget0', ARGV[1], 'stock0', ARGV[2],
-    'customer', customer, 'counted', counted)
-  if promo.gen then redis.call('HSET', k_record, 'gen', promo.gen) end
+    'customer', customer, 'counted', counted }
+  if promo.gen then
+    fields[#fields + 1] = 'gen'
+    fields[#fields + 1] = promo.gen
+  end
+  redis.call('HSET', k_record, unpack(fields))
   redis.call('EXPIRE', k_record, record_ttl)
   return reply('accepted', '', 0, b, s)
 end
