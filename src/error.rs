@@ -1,4 +1,5 @@
-//! Error classification shared by every layer.
+//! Error classification shared by every layer, and the exit codes (which
+//! `exit.rs` maps errors to and `deductor check` reports with).
 //!
 //! Each layer has its own `thiserror` enum; each enum says what should happen
 //! to the event it failed on, so the pipeline decides with one `match`.
@@ -15,3 +16,11 @@ pub enum Disposition {
     /// The service cannot work as configured (bad config, auth): stop.
     Fatal,
 }
+
+/// Exit code: a check failed, a breach was found, or the command was
+/// refused or failed.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code: a usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: a dependency (Kafka or Redis) could not be reached.
+pub const EXIT_UNREACHABLE: u8 = 3;

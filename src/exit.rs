@@ -10,13 +10,7 @@ use crate::admin::AdminError;
 use crate::config::ConfigError;
 use crate::ledger::{ErrorClass, LedgerError};
 
-/// Exit code: a check failed, a breach was found, or the command was
-/// refused or failed.
-pub const EXIT_FAILED: u8 = 1;
-/// Exit code: a usage or configuration error.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: a dependency (Kafka or Redis) could not be reached.
-pub const EXIT_UNREACHABLE: u8 = 3;
+pub use crate::error::{EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE};
 
 /// The command line asked for something malformed (an invalid id, a bad
 /// combination of flags): exit 2.

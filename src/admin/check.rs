@@ -15,7 +15,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{redact_url, KafkaSettings, Settings};
-use crate::exit::{EXIT_FAILED, EXIT_UNREACHABLE};
+use crate::error::{EXIT_FAILED, EXIT_UNREACHABLE};
 use crate::kafka::consumer::consumer_config;
 use crate::ledger::{ErrorClass, Ledger, LedgerError};
 
