@@ -49,16 +49,9 @@ impl Ledger {
         let mut all_duplicate = true;
         for (i, line) in e.lines.iter().enumerate() {
             let p = &line.promotion_id;
-            let reply = match self.deduct(h, line).await {
+            let reply = match self.deduct_line(e, i).await? {
                 Ok(reply) => reply,
-                Err(err) if err.is_corrupt() => {
-                    // deduct.lua stored `corrupt_promotion` under this line's
-                    // memo (unless the memo itself is what is corrupt).
-                    self.report_corrupt(h, p, &err);
-                    self.release(h, &e.lines[..i]).await?;
-                    return Ok(rejected(false, Reason::CorruptPromotion, p));
-                }
-                Err(err) => return Err(err),
+                Err(corrupt) => return Ok(corrupt),
             };
             match reply.status {
                 LineStatus::Done => {
@@ -109,14 +102,9 @@ impl Ledger {
         let h = &e.header;
         for (j, line) in e.lines.iter().enumerate().skip(i + 1) {
             let q = &line.promotion_id;
-            let reply = match self.deduct(h, line).await {
+            let reply = match self.deduct_line(e, j).await? {
                 Ok(reply) => reply,
-                Err(err) if err.is_corrupt() => {
-                    self.report_corrupt(h, q, &err);
-                    self.release(h, &e.lines[..j]).await?;
-                    return Ok(rejected(false, Reason::CorruptPromotion, q));
-                }
-                Err(err) => return Err(err),
+                Err(corrupt) => return Ok(corrupt),
             };
             match reply.status {
                 LineStatus::Done | LineStatus::Released => {}
@@ -237,6 +225,28 @@ impl Ledger {
             scripts::ROLLBACK.name,
             "the record's customer kept changing",
         ))
+    }
+
+    /// Deducts line `i` of `e`. Corrupt data on it ends the event: it is
+    /// reported, the lines before `i` are released, and the
+    /// `corrupt_promotion` rejection comes back as `Err` (deduct.lua stored
+    /// it under the line's memo, unless the memo itself is what is corrupt).
+    async fn deduct_line(
+        &self,
+        e: &OrderPlaced,
+        i: usize,
+    ) -> Result<Result<LineReply, PlaceDecision>, LedgerError> {
+        let (h, line) = (&e.header, &e.lines[i]);
+        match self.deduct(h, line).await {
+            Ok(reply) => Ok(Ok(reply)),
+            Err(err) if err.is_corrupt() => {
+                let p = &line.promotion_id;
+                self.report_corrupt(h, p, &err);
+                self.release(h, &e.lines[..i]).await?;
+                Ok(Err(rejected(false, Reason::CorruptPromotion, p)))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
