@@ -321,17 +321,9 @@ pub async fn list(
     after: Option<&Id>,
     limit: Option<usize>,
 ) -> Result<Vec<Listed>, AdminError> {
-    let prefix = ledger.keys().prefix().to_owned();
-    let open = format!("{prefix}:{{");
-    let keys = ledger.scan(&format!("{open}*}}"), KeyType::Hash).await?;
-    let mut ids: Vec<Id> = keys
-        .iter()
-        .filter_map(|k| k.strip_prefix(&open)?.strip_suffix('}'))
-        .filter_map(|i| Id::parse(i).ok())
-        .filter(|id| after.is_none_or(|a| id.as_str() > a.as_str()))
-        .collect();
-    ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    ids.dedup();
+    // Sorted and deduplicated already.
+    let mut ids = super::audit::promotions(ledger).await?;
+    ids.retain(|id| after.is_none_or(|a| id.as_str() > a.as_str()));
     ids.truncate(limit.unwrap_or(usize::MAX));
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {

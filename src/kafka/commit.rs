@@ -5,7 +5,7 @@
 //! are offered again on the next tick.
 
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::offsets::Offsets;
@@ -75,7 +75,7 @@ where
 
 /// The result of an asynchronous commit: the offsets of a failed one are
 /// offered again.
-pub fn failed(offsets: &Offsets, topic: &str, list: &TopicPartitionList) {
+pub fn failed(offsets: &Offsets, topic: &str, list: &TopicPartitionList, error: &KafkaError) {
     let failed: Vec<(i32, i64)> = list
         .elements_for_topic(topic)
         .iter()
@@ -85,7 +85,7 @@ pub fn failed(offsets: &Offsets, topic: &str, list: &TopicPartitionList) {
         })
         .collect();
     offsets.commit_failed(&failed);
-    tracing::debug!(?failed, "offset commit failed; offered again next time");
+    tracing::debug!(%error, ?failed, "offset commit failed; offered again next time");
 }
 
 #[cfg(test)]

@@ -133,8 +133,8 @@ impl ConsumerContext for Context {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if result.is_err() {
-            commit::failed(&self.offsets, &self.topic, offsets);
+        if let Err(e) = result {
+            commit::failed(&self.offsets, &self.topic, offsets, &e);
         }
     }
 }
