@@ -137,7 +137,6 @@ impl Redis {
         clients: u32,
         pipeline: u32,
     ) -> anyhow::Result<Ceiling> {
-        self.run("FLUSHALL", vec![]).await?;
         let sha = self.script_load(deduct_lua).await?;
         let p = Promotion {
             id: "bench-ceiling".to_owned(),
@@ -173,8 +172,7 @@ impl Redis {
         clients: u32,
         pipeline: u32,
     ) -> anyhow::Result<Ceiling> {
-        self.run("FLUSHALL", vec![]).await?;
-        self.compact_aof().await?;
+        self.reset(&[]).await?;
         self.run(
             "MSET",
             vec![
