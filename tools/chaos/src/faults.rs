@@ -10,6 +10,11 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::fleet::Fleet;
+
+/// How many bytes of writes a stalled primary must take before the
+/// failover fault kills it (about 15-25 decisions): fewer, and the control
+/// run without the durability gate may have nothing to lose.
+const FAILOVER_MIN_UNREPLICATED: u64 = 8 * 1024;
 use crate::stack::{Broker, Cut, Redis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -451,7 +456,20 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             let stalled = set.stall(rng.below(3)).await?;
             next_burst(env).await;
             pause(rng, 300, 1_000).await;
-            set.fail_over(stalled).await?
+            // The fault has teeth only if the primary took writes its
+            // replica lacks: consumers that are rebalancing or restarting
+            // may not have written yet, so wait for them (bounded), then
+            // give the outcomes of those writes a moment to go out.
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while set.unreplicated() < FAILOVER_MIN_UNREPLICATED && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let unreplicated = set.unreplicated();
+            pause(rng, 200, 600).await;
+            format!(
+                "{}; {unreplicated} bytes unreplicated when killed",
+                set.fail_over(stalled).await?
+            )
         }
         Kind::BrokerStall => broker_stall(env, rng).await?,
         Kind::BrokerCut => {

@@ -44,6 +44,16 @@ async fn eventually(
     Ok(())
 }
 
+/// The replication offset a node reports (`master_repl_offset`), 0 when
+/// it does not answer.
+fn repl_offset(port: u16) -> u64 {
+    cli(port, &["INFO", "replication"])
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Two data nodes (one primary, one replica) behind their proxies, and
 /// three sentinels.
 pub struct Replicated {
@@ -52,6 +62,8 @@ pub struct Replicated {
     /// Index of the node that is the primary now.
     pub primary: usize,
     sentinels: Vec<(u16, Child)>,
+    /// The primary's replication offset when its link stalled.
+    stalled_at: u64,
 }
 
 impl Replicated {
@@ -84,6 +96,7 @@ impl Replicated {
             proxies,
             primary: 0,
             sentinels: Vec::new(),
+            stalled_at: 0,
         };
         set.wait_in_sync(1).await?;
         for k in 0..3 {
@@ -145,8 +158,15 @@ impl Replicated {
     /// (the primary's writes from now on stay unreplicated).
     pub async fn stall(&mut self) -> anyhow::Result<Instant> {
         self.settle().await?;
+        self.stalled_at = repl_offset(self.node_port(self.primary));
         self.proxies[self.primary].set(Link::Stalled);
         Ok(Instant::now())
+    }
+
+    /// The bytes of writes the stalled primary took since its link stalled:
+    /// what its replica lacks.
+    pub fn unreplicated(&self) -> u64 {
+        repl_offset(self.node_port(self.primary)).saturating_sub(self.stalled_at)
     }
 
     /// Until every sentinel names the same primary and the other node is
@@ -264,6 +284,8 @@ pub struct ReplicatedCluster {
     pub proxies: Vec<LinkProxy>,
     /// The node a fault is failing over: (index, the replica's index).
     pending: Option<(usize, usize)>,
+    /// The stalled primary's replication offset when its link stalled.
+    stalled_at: u64,
 }
 
 impl ReplicatedCluster {
@@ -294,6 +316,7 @@ impl ReplicatedCluster {
             nodes,
             proxies,
             pending: None,
+            stalled_at: 0,
         };
         c.wait_healthy().await?;
         Ok(c)
@@ -353,9 +376,18 @@ impl ReplicatedCluster {
             bail!("no primary with a replica to fail over");
         }
         let (primary, replica) = pairs[pick % pairs.len()];
+        self.stalled_at = repl_offset(self.port(primary));
         self.proxies[primary].set(Link::Stalled);
         self.pending = Some((primary, replica));
         Ok(Instant::now())
+    }
+
+    /// The bytes of writes the stalled primary took since its link stalled.
+    pub fn unreplicated(&self) -> u64 {
+        match self.pending {
+            Some((primary, _)) => repl_offset(self.port(primary)).saturating_sub(self.stalled_at),
+            None => 0,
+        }
     }
 
     /// The second half: the stalled primary is SIGKILLed and its link cut,
@@ -426,6 +458,14 @@ impl Topology {
         match self {
             Topology::Sentinel(s) => s.stall().await,
             Topology::Cluster(c) => c.stall(pick),
+        }
+    }
+
+    /// The bytes of writes the stalled primary took since the stall.
+    pub fn unreplicated(&self) -> u64 {
+        match self {
+            Topology::Sentinel(s) => s.unreplicated(),
+            Topology::Cluster(c) => c.unreplicated(),
         }
     }
 
