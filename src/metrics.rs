@@ -24,6 +24,7 @@ pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
 pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
 pub const COMMITS: &str = "deductor_offset_commits_total";
+pub const TRANSACTIONS: &str = "deductor_transactions_total";
 pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
@@ -49,6 +50,10 @@ pub fn describe() {
         "Consumer group rebalances that revoked partitions from this instance."
     );
     describe_counter!(KAFKA_ERRORS, "Kafka client errors, by kind.");
+    describe_counter!(
+        TRANSACTIONS,
+        "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted)."
+    );
     describe_counter!(REDIS_ERRORS, "Redis errors, by kind.");
     describe_counter!(
         CORRUPT,
@@ -126,6 +131,10 @@ pub fn rebalance() {
 
 pub fn commit(ok: bool) {
     counter!(COMMITS, "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+pub fn transaction(result: &'static str) {
+    counter!(TRANSACTIONS, "result" => result).increment(1);
 }
 
 pub fn assigned(n: usize) {

@@ -48,6 +48,15 @@ pub struct KafkaSettings {
     pub dlq_topic: String,
     pub group_instance_id: String,
     pub produce_timeout_ms: u64,
+    /// What a reader of the outcome topic sees after a crash or rebalance.
+    pub delivery: Delivery,
+    /// `exactly_once`: the producer's `transactional.id`; empty =
+    /// `{group_id}-{group_instance_id}`, or `{group_id}-{hostname}-{pid}`
+    /// with dynamic membership.
+    pub transactional_id: String,
+    /// `exactly_once`: how long one transaction stays open (outcomes are
+    /// visible to `read_committed` readers when it commits).
+    pub transaction_interval_ms: u64,
     /// Input record headers copied onto outcomes (e.g. `x-correlation-id`).
     pub propagate_headers: Vec<String>,
     /// A file holding the SASL password of both clients (a mounted
@@ -57,6 +66,43 @@ pub struct KafkaSettings {
     pub consumer: BTreeMap<String, String>,
     /// librdkafka properties for the producer.
     pub producer: BTreeMap<String, String>,
+}
+
+/// `kafka.delivery`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Offsets committed after the outcome is acknowledged: a crash or
+    /// rebalance can publish an outcome again (same `outcome_id`).
+    AtLeastOnce,
+    /// Outcomes, dead letters and offsets in one Kafka transaction: a
+    /// `read_committed` reader sees each exactly once.
+    ExactlyOnce,
+}
+
+impl KafkaSettings {
+    /// The `transactional.id` of `exactly_once` mode: `kafka.transactional_id`,
+    /// else stable across restarts with static membership (a restarted pod
+    /// fences and aborts its predecessor's open transaction at once), else
+    /// unique to this process.
+    pub fn transactional_id(&self) -> String {
+        if !self.transactional_id.is_empty() {
+            return self.transactional_id.clone();
+        }
+        if !self.group_instance_id.is_empty() {
+            return format!("{}-{}", self.group_id, self.group_instance_id);
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .unwrap_or_else(|| "host".to_owned());
+        format!("{}-{}-{}", self.group_id, host, std::process::id())
+    }
 }
 
 #[derive(Clone, Serialize, Deserialize, PartialEq)]

@@ -466,3 +466,79 @@ fn secrets_are_redacted() {
         "the key itself stays visible"
     );
 }
+
+#[test]
+fn delivery_reads_both_modes_and_names_a_wrong_one() {
+    assert_eq!(
+        load(&[], &[]).unwrap().kafka.delivery,
+        Delivery::AtLeastOnce
+    );
+    let s = load(&[("DEDUCTOR_KAFKA_DELIVERY", "exactly_once")], &[]).unwrap();
+    assert_eq!(s.kafka.delivery, Delivery::ExactlyOnce);
+    let e = load(&[], &[("kafka.delivery", "exactly-once")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("delivery") && e.contains("exactly_once"), "{e}");
+}
+
+#[test]
+fn exactly_once_refuses_what_its_aborts_and_fencing_cannot_work_with() {
+    let eos = ("kafka.delivery", "exactly_once");
+    for (key, value, named) in [
+        (
+            "kafka.consumer.partition.assignment.strategy",
+            "cooperative-sticky",
+            "partition.assignment.strategy",
+        ),
+        (
+            "kafka.consumer.group.protocol",
+            "consumer",
+            "group.protocol",
+        ),
+        (
+            "kafka.consumer.isolation.level",
+            "read_uncommitted",
+            "isolation.level",
+        ),
+        ("kafka.producer.transactional.id", "x", "transactional.id"),
+        (
+            "kafka.producer.transaction.timeout.ms",
+            "10000",
+            "kafka.produce_timeout_ms",
+        ),
+    ] {
+        let e = load(&[], &[eos, (key, value)]).unwrap_err().to_string();
+        assert!(e.contains(named), "{key}={value}: {e}");
+        // The same setting is fine with at_least_once.
+        assert!(
+            load(&[], &[(key, value)]).is_ok(),
+            "{key}={value} at_least_once"
+        );
+    }
+    assert!(load(
+        &[],
+        &[
+            eos,
+            ("kafka.consumer.partition.assignment.strategy", "roundrobin")
+        ]
+    )
+    .is_ok());
+    let e = load(&[], &[("kafka.transaction_interval_ms", "0")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.transaction_interval_ms"), "{e}");
+}
+
+#[test]
+fn the_transactional_id_is_stable_with_static_membership_else_unique_to_the_process() {
+    let mut k = load(&[], &[]).unwrap().kafka;
+    k.group_id = "deductor".into();
+    k.group_instance_id = "deductor-2".into();
+    assert_eq!(k.transactional_id(), "deductor-deductor-2");
+    k.group_instance_id.clear();
+    let id = k.transactional_id();
+    assert!(id.starts_with("deductor-"), "{id}");
+    assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+    k.transactional_id = "fixed".into();
+    assert_eq!(k.transactional_id(), "fixed");
+}

@@ -90,6 +90,83 @@ fn kafka(k: &KafkaSettings) -> Result<(), ConfigError> {
             "use a positive number of milliseconds, e.g. 30000",
         ));
     }
+    if k.transaction_interval_ms == 0 {
+        return Err(bad(
+            "kafka.transaction_interval_ms",
+            "is 0",
+            "use a positive number of milliseconds, e.g. 100",
+        ));
+    }
+    if k.delivery == Delivery::ExactlyOnce {
+        exactly_once(k)?;
+    }
+    Ok(())
+}
+
+/// `kafka.delivery = "exactly_once"`: what the transactions depend on.
+fn exactly_once(k: &KafkaSettings) -> Result<(), ConfigError> {
+    // A revoke aborts the open transaction, which holds outcomes of every
+    // partition: every partition must be given up with it, as the eager
+    // assignors (range, roundrobin) do at each rebalance.
+    let strategy = k
+        .consumer
+        .get("partition.assignment.strategy")
+        .map(String::as_str)
+        .unwrap_or("");
+    if strategy.contains("cooperative") {
+        return Err(bad(
+            "kafka.consumer.\"partition.assignment.strategy\"",
+            format!("{strategy:?} is incremental; exactly_once aborts the whole transaction on a revoke"),
+            "use an eager assignor (range, roundrobin: the default) with kafka.delivery = \"exactly_once\"",
+        ));
+    }
+    if k.consumer
+        .get("group.protocol")
+        .is_some_and(|v| v == "consumer")
+    {
+        return Err(bad(
+            "kafka.consumer.\"group.protocol\"",
+            "\"consumer\" (KIP-848) rebalances incrementally; exactly_once aborts the whole transaction on a revoke",
+            "leave it unset (classic) with kafka.delivery = \"exactly_once\"",
+        ));
+    }
+    if k.consumer
+        .get("isolation.level")
+        .is_some_and(|v| v == "read_uncommitted")
+    {
+        return Err(bad(
+            "kafka.consumer.\"isolation.level\"",
+            "read_uncommitted lets a new owner read offsets a pending transaction has not committed",
+            "leave it unset (read_committed) with kafka.delivery = \"exactly_once\"",
+        ));
+    }
+    if k.producer.contains_key("transactional.id") {
+        return Err(bad(
+            "kafka.producer.\"transactional.id\"",
+            "is set as a pass-through property",
+            "set kafka.transactional_id instead (or leave it empty for the default scheme)",
+        ));
+    }
+    let txn_timeout = match k.producer.get("transaction.timeout.ms") {
+        Some(v) => v.parse::<u64>().map_err(|_| {
+            bad(
+                "kafka.producer.\"transaction.timeout.ms\"",
+                format!("{v:?} is not a number of milliseconds"),
+                "use e.g. \"60000\"",
+            )
+        })?,
+        None => 60_000,
+    };
+    if k.produce_timeout_ms > txn_timeout {
+        return Err(bad(
+            "kafka.produce_timeout_ms",
+            format!(
+                "{} ms is longer than the transaction timeout ({txn_timeout} ms)",
+                k.produce_timeout_ms
+            ),
+            "lower kafka.produce_timeout_ms or raise kafka.producer.\"transaction.timeout.ms\"",
+        ));
+    }
     Ok(())
 }
 

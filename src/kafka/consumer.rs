@@ -7,7 +7,7 @@
 //! lanes before it handles the next message.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -18,6 +18,7 @@ use rdkafka::TopicPartitionList;
 
 use super::commit;
 use super::offsets::Offsets;
+use super::transaction::Transactions;
 use crate::config::KafkaSettings;
 use crate::metrics;
 
@@ -40,12 +41,19 @@ pub struct Context {
     /// Woken with every note: with per-partition queues the main queue
     /// yields no messages, so a note is the only reason to look.
     noted: tokio::sync::Notify,
+    /// `exactly_once`: a revoke aborts the open transaction instead of
+    /// committing.
+    txn: Option<Arc<Transactions>>,
+    /// An abort on revoke that failed: the service cannot go on.
+    failure: Mutex<Option<KafkaError>>,
 }
 
 impl Context {
-    pub fn new(topic: &str, offsets: Offsets) -> Context {
+    pub fn new(topic: &str, offsets: Offsets, txn: Option<Arc<Transactions>>) -> Context {
         Context {
             topic: topic.to_owned(),
+            txn,
+            failure: Mutex::new(None),
             offsets,
             notes: Mutex::new(Vec::new()),
             assigned: Mutex::new(BTreeSet::new()),
@@ -56,6 +64,14 @@ impl Context {
     /// Rebalance notes since the last call, oldest first.
     pub fn take_notes(&self) -> Vec<Assignment> {
         std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A failure of the rebalance callback the service cannot go on from.
+    pub fn take_failure(&self) -> Option<KafkaError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Resolves once a note was added since the last time it resolved.
@@ -104,7 +120,19 @@ impl ConsumerContext for Context {
             Rebalance::Revoke(tpl) => {
                 let parts = self.partitions(tpl);
                 let lost = consumer.assignment_lost();
-                let commits = commit::revoked(consumer, &self.offsets, &self.topic, &parts, lost);
+                let commits = match &self.txn {
+                    // Eager assignors revoke every partition: the open
+                    // transaction is aborted and all resume from the
+                    // committed offsets.
+                    Some(txn) => {
+                        if let Err(e) = txn.abort_on_revoke(&parts) {
+                            tracing::error!(error = %e, "aborting the transaction on revoke failed");
+                            *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        }
+                        Vec::new()
+                    }
+                    None => commit::revoked(consumer, &self.offsets, &self.topic, &parts, lost),
+                };
                 {
                     let mut assigned = self.assigned();
                     for p in &parts {
@@ -168,7 +196,7 @@ pub fn consumer_config(k: &KafkaSettings) -> ClientConfig {
     c.set("bootstrap.servers", &k.brokers)
         .set("group.id", &k.group_id)
         // Offsets are committed by the pipeline only: watermarks, on a timer,
-        // on revoke and at shutdown.
+        // on revoke and at shutdown (exactly_once: in the transactions).
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false");
@@ -180,8 +208,12 @@ pub fn consumer_config(k: &KafkaSettings) -> ClientConfig {
 
 pub type GroupConsumer = StreamConsumer<Context>;
 
-pub fn create(k: &KafkaSettings, offsets: Offsets) -> KafkaResult<GroupConsumer> {
-    consumer_config(k).create_with_context(Context::new(&k.input_topic, offsets))
+pub fn create(
+    k: &KafkaSettings,
+    offsets: Offsets,
+    txn: Option<Arc<Transactions>>,
+) -> KafkaResult<GroupConsumer> {
+    consumer_config(k).create_with_context(Context::new(&k.input_topic, offsets, txn))
 }
 
 #[cfg(test)]

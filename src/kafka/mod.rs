@@ -5,6 +5,7 @@ pub mod consumer;
 pub mod headers;
 pub mod offsets;
 pub mod publisher;
+pub mod transaction;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 

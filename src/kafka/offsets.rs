@@ -91,6 +91,15 @@ impl Offsets {
         }
     }
 
+    /// True while the lane of `generation` still owns `partition` (not
+    /// revoked, not closed for a rewind).
+    pub fn owns(&self, partition: i32, generation: u64) -> bool {
+        self.lock()
+            .partitions
+            .get(&partition)
+            .is_some_and(|p| p.generation == generation)
+    }
+
     /// The watermark of one partition: the offset to resume from.
     pub fn watermark(&self, partition: i32) -> Option<i64> {
         self.lock()

@@ -4,8 +4,8 @@
 //! Requests are built apart from sending them ([`DeadLetter`], `Outcome`),
 //! so the pipeline decides what to send and this module only sends.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -15,11 +15,13 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use tokio::sync::Notify;
 
-use crate::config::KafkaSettings;
+use crate::config::{Delivery, KafkaSettings};
 use crate::domain::event::{InvalidEvent, MAX_EVENT_BYTES};
 use crate::domain::outcome::{Outcome, Source};
 use crate::error::Disposition;
 use crate::kafka::headers::{self, EventSpan, Incoming};
+use crate::kafka::offsets::Offsets;
+use crate::kafka::transaction::{Ticket, Transactions};
 
 /// A failed send, classified.
 #[derive(Debug, thiserror::Error)]
@@ -28,10 +30,16 @@ pub struct PublishError {
     pub topic: String,
     #[source]
     pub source: KafkaError,
+    /// `exactly_once`: the event's transaction was aborted or doomed; it is
+    /// not retried here but redone from the committed offset.
+    pub stale: bool,
 }
 
 impl PublishError {
     pub fn disposition(&self) -> Disposition {
+        if self.stale {
+            return Disposition::Fatal;
+        }
         classify(&self.source)
     }
 }
@@ -144,6 +152,9 @@ pub fn producer_config(k: &KafkaSettings) -> ClientConfig {
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("message.timeout.ms", k.produce_timeout_ms.to_string());
+    if k.delivery == Delivery::ExactlyOnce {
+        c.set("transactional.id", k.transactional_id());
+    }
     c
 }
 
@@ -162,6 +173,8 @@ pub struct DeadLetter<'a> {
 #[derive(Clone)]
 pub struct Publisher {
     producer: FutureProducer<PublisherContext>,
+    /// Set once in `exactly_once` mode ([`Publisher::start_transactions`]).
+    txn: Arc<OnceLock<Arc<Transactions>>>,
     fatal: Arc<FatalSlot>,
     outcome_topic: String,
     dlq_topic: String,
@@ -175,6 +188,8 @@ pub struct Publisher {
 pub struct Trace<'a> {
     pub span: &'a EventSpan,
     pub incoming: &'a Incoming,
+    /// `exactly_once`: the event's place in the open transaction.
+    pub ticket: Option<Ticket>,
 }
 
 impl Publisher {
@@ -185,6 +200,7 @@ impl Publisher {
             producer_config(k).create_with_context(context)?;
         Ok(Publisher {
             producer,
+            txn: Arc::new(OnceLock::new()),
             fatal,
             outcome_topic: k.outcome_topic.clone(),
             dlq_topic: k.dlq_topic.clone(),
@@ -214,16 +230,96 @@ impl Publisher {
             return queued.map_err(|(source, _)| PublishError {
                 topic: self.outcome_topic.clone(),
                 source,
+                stale: false,
             });
         }
-        self.producer
-            .send(record, Timeout::After(self.timeout))
+        self.deliver(record, &self.outcome_topic, trace.ticket)
             .await
-            .map(|_| ())
-            .map_err(|(source, _)| PublishError {
-                topic: self.outcome_topic.clone(),
-                source,
-            })
+    }
+
+    /// `exactly_once` mode: registers the transactional id and opens the
+    /// first transaction (blocking); from then on every send goes into the
+    /// open transaction under its event's ticket.
+    pub fn start_transactions(
+        &self,
+        offsets: Offsets,
+        topic: &str,
+    ) -> Result<Arc<Transactions>, KafkaError> {
+        let txn = Arc::new(Transactions::init(
+            self.producer.clone(),
+            offsets,
+            topic,
+            self.timeout,
+        )?);
+        let _ = self.txn.set(txn.clone());
+        Ok(txn)
+    }
+
+    /// Queues `record` and waits for the broker's ack. In `exactly_once`
+    /// mode it is queued only under a current ticket, and a failed delivery
+    /// dooms the transaction (the event is redone after the abort).
+    async fn deliver<K, P>(
+        &self,
+        record: FutureRecord<'_, K, P>,
+        topic: &str,
+        ticket: Option<Ticket>,
+    ) -> Result<(), PublishError>
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        let error = |source, stale| PublishError {
+            topic: topic.to_owned(),
+            source,
+            stale,
+        };
+        let Some(txn) = self.txn.get() else {
+            return self
+                .producer
+                .send(record, Timeout::After(self.timeout))
+                .await
+                .map(|_| ())
+                .map_err(|(source, _)| error(source, false));
+        };
+        let Some(ticket) = ticket else {
+            return Err(error(KafkaError::Canceled, true));
+        };
+        let deadline = Instant::now() + self.timeout;
+        let mut record = record;
+        let delivery = loop {
+            // The record comes back boxed when it was not queued.
+            let queued = txn.admit(&ticket, || {
+                self.producer.send_result(record).map_err(Box::new)
+            });
+            match queued {
+                None => return Err(error(KafkaError::Canceled, true)),
+                Some(Ok(d)) => break d,
+                Some(Err(refused)) => {
+                    let (e, r) = *refused;
+                    if e.rdkafka_error_code() != Some(RDKafkaErrorCode::QueueFull)
+                        || Instant::now() >= deadline
+                    {
+                        // Refused before it was queued (e.g. too large here):
+                        // the transaction is unaffected; retried or
+                        // dead-lettered as usual.
+                        return Err(error(e, false));
+                    }
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => {
+                txn.doom(&ticket, &format!("produce to {topic}: {e}"));
+                Err(error(e, true))
+            }
+            Err(_) => {
+                txn.doom(&ticket, "delivery report lost");
+                Err(error(KafkaError::Canceled, true))
+            }
+        }
     }
 
     /// Sends the raw bytes of an invalid event, key kept, with the
@@ -304,14 +400,7 @@ impl Publisher {
         if let Some(p) = d.payload {
             record = record.payload(cut(p, truncate));
         }
-        self.producer
-            .send(record, Timeout::After(self.timeout))
-            .await
-            .map(|_| ())
-            .map_err(|(source, _)| PublishError {
-                topic: self.dlq_topic.clone(),
-                source,
-            })
+        self.deliver(record, &self.dlq_topic, d.trace.ticket).await
     }
 
     /// Resolves when the producer reported an error it cannot recover from

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, AcquireError, OwnedRwLockReadGuard, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -19,6 +19,7 @@ use crate::domain::event::{self, Event, InvalidEvent};
 use crate::kafka::headers::Incoming;
 use crate::kafka::offsets::Offsets;
 use crate::kafka::publisher::Trace;
+use crate::kafka::transaction::{Ticket, Transactions};
 use crate::metrics;
 use crate::ops::health::Status;
 
@@ -56,6 +57,33 @@ pub(super) struct Lane {
     pub(super) stop: CancellationToken,
     pub(super) fatal: mpsc::UnboundedSender<anyhow::Error>,
     pub(super) status: Arc<Status>,
+    /// `exactly_once`: the open transaction.
+    pub(super) txn: Option<Arc<Transactions>>,
+}
+
+/// What an event holds from its start to its finish: a share of
+/// `max_in_flight`, and in `exactly_once` mode its place in the open
+/// transaction (a boundary waits for it).
+pub(super) struct Admission {
+    _permit: OwnedSemaphorePermit,
+    _gate: Option<OwnedRwLockReadGuard<()>>,
+}
+
+async fn admission(
+    global: Arc<Semaphore>,
+    txn: Option<Arc<Transactions>>,
+) -> Result<Admission, AcquireError> {
+    // The gate first: a boundary waiting for it stops new events, and the
+    // events holding it finish without needing it again.
+    let gate = match &txn {
+        Some(t) => Some(t.enter().await),
+        None => None,
+    };
+    let permit = global.acquire_owned().await?;
+    Ok(Admission {
+        _permit: permit,
+        _gate: gate,
+    })
 }
 
 impl Lane {
@@ -102,18 +130,19 @@ impl Lane {
                     closed = true;
                     head = None;
                 }
-                permit = self.global.clone().acquire_owned(), if startable && !closed => {
-                    let Ok(permit) = permit else { closed = true; continue };
+                admitted = admission(self.global.clone(), self.txn.clone()), if startable && !closed => {
+                    let Ok(admitted) = admitted else { closed = true; continue };
                     if let Some(p) = head.take() {
                         if let Some(o) = &p.order {
                             busy.insert(o.clone());
                         }
                         self.offsets.begin(self.partition, generation, p.msg.offset());
+                        let ticket = self.txn.as_ref().map(|t| t.ticket(self.partition, generation));
                         #[cfg(feature = "mutants")] // TEST-ONLY mutant: done before it is.
                         if crate::mutants::mutant("commit-early") {
                             self.offsets.done(self.partition, generation, p.msg.offset());
                         }
-                        in_flight.push(self.start(p, permit));
+                        in_flight.push(self.start(p, admitted, ticket));
                     }
                 }
                 msg = self.rx.recv(), if head.is_none() && !closed => {
@@ -133,7 +162,8 @@ impl Lane {
     pub(super) fn start(
         &self,
         p: Prepared,
-        permit: OwnedSemaphorePermit,
+        admitted: Admission,
+        ticket: Option<Ticket>,
     ) -> impl std::future::Future<Output = (i64, Option<String>, Result<(), Failure>)> {
         let processor = self.processor.clone();
         let stop = self.stop.clone();
@@ -165,6 +195,7 @@ impl Lane {
                     Trace {
                         span: &trace.span,
                         incoming: &incoming,
+                        ticket,
                     },
                     &stop,
                 )
@@ -177,7 +208,7 @@ impl Lane {
             if result.is_ok() {
                 metrics::event_duration(started.elapsed().as_secs_f64());
             }
-            drop(permit);
+            drop(admitted);
             (p.msg.offset(), p.order, result)
         }
         .instrument(span)
@@ -208,6 +239,7 @@ pub(super) struct Spawner {
     pub(super) shutdown: CancellationToken,
     pub(super) fatal: mpsc::UnboundedSender<anyhow::Error>,
     pub(super) status: Arc<Status>,
+    pub(super) txn: Option<Arc<Transactions>>,
     pub(super) next_id: u64,
 }
 
@@ -229,6 +261,7 @@ impl Spawner {
             stop: stop.clone(),
             fatal: self.fatal.clone(),
             status: self.status.clone(),
+            txn: self.txn.clone(),
         };
         let join = tokio::spawn(lane.run(predecessor));
         self.next_id += 1;

@@ -17,15 +17,18 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::Message;
 use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{Delivery, Settings};
 use crate::kafka::commit;
 use crate::kafka::consumer::{self as group};
 use crate::kafka::offsets::Offsets;
 use crate::kafka::publisher::Publisher;
+use crate::kafka::transaction::{Boundary, Transactions};
 use crate::ledger::Ledger;
 use crate::metrics;
 use crate::retry::{retry, RetryError, RetryPolicy};
@@ -76,6 +79,55 @@ pub async fn connect_ledger(
     }
 }
 
+/// `exactly_once`: registers the transactional id and opens the first
+/// transaction, waiting out an unreachable broker with backoff (a consumer
+/// restarted while the broker is down recovers by itself). `None` when
+/// shutdown was requested meanwhile.
+async fn start_transactions(
+    settings: &Settings,
+    publisher: &Publisher,
+    offsets: &Offsets,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Arc<Transactions>>> {
+    let policy = RetryPolicy::from(&settings.retry);
+    let topic = settings.kafka.input_topic.clone();
+    let result = retry(
+        &policy,
+        shutdown,
+        |e: &rdkafka::error::KafkaError| match e {
+            rdkafka::error::KafkaError::Transaction(t) if t.is_fatal() => {
+                crate::error::Disposition::Fatal
+            }
+            other => crate::kafka::publisher::classify(other),
+        },
+        |e, delay| {
+            metrics::retry("kafka");
+            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "kafka transactions not ready at startup; retrying");
+        },
+        || {
+            let (p, o, t) = (publisher.clone(), offsets.clone(), topic.clone());
+            async move {
+                match tokio::task::spawn_blocking(move || p.start_transactions(o, &t)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(rdkafka::error::KafkaError::Canceled),
+                }
+            }
+        },
+    )
+    .await;
+    match result {
+        Ok(t) => {
+            tracing::info!(transactional_id = %settings.kafka.transactional_id(), "exactly_once: transactions started");
+            Ok(Some(t))
+        }
+        Err(RetryError::Cancelled(_)) => Ok(None),
+        Err(RetryError::Permanent(e)) => Err(anyhow::Error::new(e).context(format!(
+            "starting Kafka transactions (transactional.id {})",
+            settings.kafka.transactional_id()
+        ))),
+    }
+}
+
 /// [`run`], reporting to `status` (the HTTP endpoints read it).
 pub async fn run_with_status(
     settings: Settings,
@@ -99,8 +151,18 @@ pub async fn run_with_ledger(
 ) -> anyhow::Result<()> {
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
+    let txn = match settings.kafka.delivery {
+        Delivery::AtLeastOnce => None,
+        Delivery::ExactlyOnce => {
+            match start_transactions(&settings, &publisher, &offsets, &shutdown).await? {
+                Some(t) => Some(t),
+                None => return Ok(()),
+            }
+        }
+    };
     let consumer = Arc::new(
-        group::create(&settings.kafka, offsets.clone()).context("creating the Kafka consumer")?,
+        group::create(&settings.kafka, offsets.clone(), txn.clone())
+            .context("creating the Kafka consumer")?,
     );
     consumer
         .subscribe(&[&settings.kafka.input_topic])
@@ -135,9 +197,15 @@ pub async fn run_with_ledger(
             shutdown: shutdown.clone(),
             fatal: fatal_tx,
             status: status.clone(),
+            txn: txn.clone(),
             next_id: 0,
         },
     };
+    let mut txn_tick = tokio::time::interval(Duration::from_millis(
+        settings.kafka.transaction_interval_ms,
+    ));
+    txn_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut boundary: Option<JoinHandle<KafkaResult<Boundary>>> = None;
     let topic = settings.kafka.input_topic.as_str();
     let mut commit_tick =
         tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
@@ -163,10 +231,50 @@ pub async fn run_with_ledger(
             // notes are applied before any message pulled after them.
             _ = consumer.context().noted() => {
                 lanes.apply_notes(&consumer, topic, &status);
+                if let Some(e) = consumer.context().take_failure() {
+                    fatal = Some(anyhow::Error::new(e).context("kafka transaction"));
+                    break;
+                }
+            }
+            // exactly_once: end the open transaction, start the next.
+            _ = txn_tick.tick(), if txn.is_some() && boundary.is_none() => {
+                if let Some(t) = &txn {
+                    let (t, c) = (t.clone(), consumer.clone());
+                    boundary = Some(tokio::spawn(async move {
+                        t.boundary(move || c.group_metadata()).await
+                    }));
+                }
+            }
+            ended = async { boundary.as_mut().expect("armed").await }, if boundary.is_some() => {
+                boundary = None;
+                match ended {
+                    Ok(Ok(Boundary::Committed)) => {}
+                    Ok(Ok(Boundary::Rewind(why))) => {
+                        // Every partition resumes from its committed offset:
+                        // leave the group and join again (the revoke retires
+                        // the lanes, the assignment starts new ones).
+                        tracing::warn!(reason = %why, "transaction aborted: rejoining the group to resume from the committed offsets");
+                        consumer.unsubscribe();
+                        if let Err(e) = consumer.subscribe(&[topic]) {
+                            fatal = Some(anyhow::Error::new(e).context("subscribing again after an abort"));
+                            break;
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        fatal = Some(anyhow::Error::new(e).context("kafka transaction"));
+                        break;
+                    }
+                    Err(e) => {
+                        fatal = Some(anyhow::Error::new(e).context("transaction boundary task"));
+                        break;
+                    }
+                }
             }
             _ = commit_tick.tick() => {
                 lanes.apply_notes(&consumer, topic, &status);
-                commit::watermarks(&*consumer, &offsets, topic, CommitMode::Async);
+                if txn.is_none() {
+                    commit::watermarks(&*consumer, &offsets, topic, CommitMode::Async);
+                }
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
                 status.touch();
                 if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, topic) {
@@ -240,12 +348,23 @@ pub async fn run_with_ledger(
             "drain timeout: unfinished events stay uncommitted and are redelivered"
         );
     }
-    commit::watermarks(
-        &*consumer,
-        &offsets,
-        &settings.kafka.input_topic,
-        CommitMode::Sync,
-    );
+    if let Some(b) = boundary.take() {
+        let _ = b.await;
+    }
+    match &txn {
+        // The last transaction: committed when every started event
+        // finished, else aborted (the next owner redoes its events).
+        Some(t) => {
+            let (t, metadata) = (t.clone(), consumer.group_metadata());
+            let _ = tokio::task::spawn_blocking(move || t.finish(metadata)).await;
+        }
+        None => commit::watermarks(
+            &*consumer,
+            &offsets,
+            &settings.kafka.input_topic,
+            CommitMode::Sync,
+        ),
+    }
     if let Err(e) = publisher.flush(Duration::from_secs(5)) {
         tracing::warn!(error = %e, "producer flush at shutdown");
     }

@@ -168,8 +168,10 @@ impl Lanes {
 
     /// Hands a pulled message to its lane and arms the next pull. A message
     /// pulled for a lane that has since been replaced goes to the current
-    /// lane (its stash keeps the order); for a revoked partition it is
-    /// dropped, uncommitted, and redelivered to the next owner.
+    /// lane (its stash keeps the order), except in `exactly_once` mode: the
+    /// new lane starts from the committed offset, at or before it, and
+    /// must not see it twice. For a revoked partition it is dropped,
+    /// uncommitted, and redelivered to the next owner.
     pub(super) fn hand_over(
         &mut self,
         consumer: &GroupConsumer,
@@ -194,6 +196,10 @@ impl Lanes {
         let result = match msg {
             Ok(m) if current && lane.stash.is_empty() => {
                 permit.send(m);
+                Ok(())
+            }
+            Ok(_) if !current && self.spawner.txn.is_some() => {
+                drop(permit);
                 Ok(())
             }
             Ok(m) => {

@@ -129,6 +129,8 @@ impl Processor {
         .await
         .map_err(|e| match e {
             RetryError::Cancelled(_) => Failure::Cancelled,
+            // exactly_once: its transaction was aborted; redone after the rewind.
+            RetryError::Permanent(e) if e.stale => Failure::Cancelled,
             RetryError::Permanent(e) => Failure::Fatal(anyhow::Error::new(e)),
         })
     }

@@ -438,7 +438,19 @@ pub async fn read_until(
                 out.push(r);
             }
             Ok(Err(e)) => panic!("reading {topic}: {e}"),
-            Err(_) => {}
+            // Nothing new: the reader's position may still have moved past
+            // transaction markers and aborted records (a read_committed
+            // reader never receives those offsets).
+            Err(_) => {
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements_for_topic(topic) {
+                        if let Offset::Offset(o) = e.offset() {
+                            let n = next.entry(e.partition()).or_insert(0);
+                            *n = (*n).max(o);
+                        }
+                    }
+                }
+            }
         }
     }
 }

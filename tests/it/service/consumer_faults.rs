@@ -421,3 +421,91 @@ async fn records_above_the_producer_limit_are_dead_lettered_and_the_partition_mo
 async fn records_the_dead_letter_topic_refuses_are_dead_lettered_truncated() {
     oversized_records_are_dead_lettered("bigrecbroker", Some("4000000")).await;
 }
+
+/// `kafka.delivery = "exactly_once"`: the crash loop of SIGKILLs again, with
+/// a second consumer joining and leaving (two rebalances) in the middle.
+/// A `read_committed` reader sees exactly one outcome per input record: the
+/// outcomes of the killed processes' open transactions are aborted (or
+/// never committed), the offsets commit with the outcomes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_crash_loop_and_rebalances_publish_each_outcome_once() {
+    const KILLS: usize = 4;
+    let f = Fixture::new("eos", 3).await;
+    let ledger = f.ledger().await;
+    let w = workload::generate(
+        "eo",
+        &Shape {
+            orders: 1500,
+            customers: 500,
+            promotions: 4,
+            stock: 120,
+            seed: 13,
+            ..Shape::default()
+        },
+    );
+    w.seed(&f, &ledger).await;
+    let eos = [
+        ("kafka.delivery", "exactly_once"),
+        ("kafka.transaction_interval_ms", "200"),
+    ];
+    let env = f.env(&eos);
+    let topic = f.topics.input.clone();
+    let stream = w.clone();
+    let producer = tokio::spawn(async move {
+        stream
+            .produce_paced(topic, 100, Duration::from_millis(500))
+            .await
+    });
+
+    let mut rng = rand::rng();
+    let mut killed = Vec::new();
+    for i in 0..KILLS {
+        let mut child = service::spawn(&env, &["run"]);
+        child
+            .wait_for_log("partitions assigned", Duration::from_secs(60))
+            .await;
+        if i == 1 {
+            // A second member joins and leaves: two eager rebalances, each
+            // aborting the open transaction of both.
+            let mut other = service::spawn(&env, &["run"]);
+            other
+                .wait_for_log("partitions assigned", Duration::from_secs(60))
+                .await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(300..1500))).await;
+            let status =
+                tokio::task::spawn_blocking(move || other.terminate(Duration::from_secs(30)))
+                    .await
+                    .unwrap();
+            assert!(
+                status.success(),
+                "the second member exits 0 on SIGTERM: {status}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..2500))).await;
+        child.assert_running();
+        child.kill();
+        killed.push(child);
+    }
+    let child = service::spawn(&env, &["run"]);
+    producer.await.unwrap();
+    w.wait_done(&f, WAIT).await;
+    let (outcomes, dlq) = finish(&f, child).await;
+    let fig = workload::verify("exactly once", &w, &outcomes, &dlq, &ledger).await;
+    println!("exactly once figures: {fig}");
+    assert_eq!(
+        fig.duplicate_outcomes, 0,
+        "a read_committed reader sees one outcome per input record"
+    );
+    let mut sources = std::collections::HashSet::new();
+    for d in &dlq {
+        let at = (
+            d.headers.get("deductor.source.partition").cloned(),
+            d.headers.get("deductor.source.offset").cloned(),
+        );
+        assert!(
+            sources.insert(at.clone()),
+            "one dead letter per invalid record: {at:?} twice"
+        );
+    }
+    f.cleanup().await;
+}
