@@ -30,6 +30,37 @@ use crate::operator;
 use crate::stack::redis_settings;
 use crate::workload::{read_marker, Promo};
 
+/// How the service publishes (`kafka.delivery`), and so what the checker
+/// holds it to. With `exactly_once` the outcomes and dead letters are
+/// published in Kafka transactions with the consumed offsets: a
+/// `read_committed` reader must see exactly one outcome per input record and
+/// one dead letter per invalid record. With `at_least_once` a redelivery may
+/// publish them again (same decision): their duplicates are information.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    #[default]
+    #[value(name = "at_least_once")]
+    AtLeastOnce,
+    #[value(name = "exactly_once")]
+    ExactlyOnce,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::AtLeastOnce => "at_least_once",
+            Delivery::ExactlyOnce => "exactly_once",
+        }
+    }
+}
+
+impl std::fmt::Display for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a run's data lives (`run.json`), so a run can be checked again.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunInfo {
@@ -45,6 +76,8 @@ pub struct RunInfo {
 /// The figures, in print order: (name, value, promised zero).
 #[derive(Debug, Default, Serialize)]
 pub struct Figures {
+    /// The rules the run was checked with.
+    pub delivery: Delivery,
     pub rows: Vec<(String, i64, bool)>,
     pub histogram_per_record: BTreeMap<String, i64>,
     pub histogram_per_event: BTreeMap<String, i64>,
@@ -233,12 +266,16 @@ impl Topics {
         let (b, t) = (run.brokers.clone(), run.input_topic.clone());
         let inputs =
             tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
+        // The outcomes and dead letters as a read_committed consumer sees
+        // them: in exactly_once mode what aborted transactions wrote is not
+        // there (and the transaction markers take offsets without records).
         let (b, t) = (run.brokers.clone(), run.outcome_topic.clone());
         let outcomes =
-            tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
+            tokio::task::spawn_blocking(move || kafka::read_committed(&b, &t, READ_WITHIN))
+                .await??;
         let (b, t) = (run.brokers.clone(), run.dlq_topic.clone());
-        let dlq =
-            tokio::task::spawn_blocking(move || topics::read_all(&b, &t, READ_WITHIN)).await??;
+        let dlq = tokio::task::spawn_blocking(move || kafka::read_committed(&b, &t, READ_WITHIN))
+            .await??;
         let (b, t, g) = (
             run.brokers.clone(),
             run.input_topic.clone(),
@@ -269,7 +306,12 @@ impl Topics {
     }
 }
 
-pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Result<Figures> {
+pub async fn check(
+    run: &RunInfo,
+    promos: &[Promo],
+    dir: &Path,
+    delivery: Delivery,
+) -> anyhow::Result<Figures> {
     let Topics {
         inputs,
         outcomes,
@@ -284,6 +326,7 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
     let promos: HashMap<String, Promo> = promos.iter().map(|p| (p.id.clone(), p.clone())).collect();
 
     let f = &mut found.figures;
+    f.delivery = delivery;
     let valid = inputs.iter().filter(|i| i.marker.is_none()).count();
     f.row("input records", inputs.len(), false);
     f.row("  valid events", valid, false);
@@ -293,6 +336,7 @@ pub async fn check(run: &RunInfo, promos: &[Promo], dir: &Path) -> anyhow::Resul
 
     // The topics on their own.
     let sources = delivery::Sources::index(&run.input_topic, &outcomes, &dlq, &mut found);
+    delivery::duplicates(&sources, delivery, &mut found);
     delivery::match_inputs(&inputs, &sources, &mut found);
     let first_outcome = delivery::decisions(&inputs, &sources, &mut found);
 

@@ -3,7 +3,10 @@
 //! (a zombie), SIGTERM (a graceful leave, which must exit 0: G4) and joins.
 //!
 //! A process that exits without being told to is an unexpected exit: it is
-//! counted (it must not happen) and restarted.
+//! counted (it must not happen) and restarted; except one that exits 2 (a
+//! usage or configuration error) within [`REFUSAL_WINDOW`] of its start:
+//! it refused its settings, every restart would too, and the run stops
+//! ([`Fleet::refused`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use deductor_testkit::service;
+
+/// How soon after its start an exit 2 counts as refusing the settings.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -58,6 +64,9 @@ pub struct Fleet {
     pub stats: FleetStats,
     /// DEDUCTOR_MUTANT for every process (a `mutants` build; see `--mutant`).
     pub mutant: Option<String>,
+    /// Set when a process refused its settings (exit 2 at its start): the
+    /// process and its last log line. The run cannot go on.
+    pub refused: Option<String>,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -77,6 +86,7 @@ impl Fleet {
             slots: Vec::new(),
             stats: FleetStats::default(),
             mutant: None,
+            refused: None,
         }
     }
 
@@ -212,6 +222,16 @@ impl Fleet {
                     let text = std::fs::read_to_string(&log).unwrap_or_default();
                     let last = text.lines().last().unwrap_or_default();
                     let what = format!("consumer-{i}.{started}: {status}: {last}");
+                    let young = self.slots[i]
+                        .since
+                        .is_some_and(|t| t.elapsed() < REFUSAL_WINDOW);
+                    if status.code() == Some(2) && young {
+                        // Refused its settings: not restarted.
+                        eprintln!("chaos: {what}");
+                        self.refused.get_or_insert(what);
+                        self.slots[i].state = State::Off;
+                        continue;
+                    }
                     if last.starts_with("deductor: connecting to Redis") {
                         self.stats.refused_starts.push(what);
                     } else {

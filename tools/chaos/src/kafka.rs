@@ -1,18 +1,20 @@
 //! The chaos run's Kafka side: paced production that rides out broker
-//! restarts, and the group's committed offsets (fresh topics and reading a
-//! topic back are `deductor_testkit::topics`).
+//! restarts, the group's committed offsets, and reading the outcome and
+//! dead-letter topics back as a `read_committed` reader sees them (fresh
+//! topics and reading the input back are `deductor_testkit::topics`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use deductor_testkit::topics;
+use deductor_testkit::topics::{self, Read};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -133,4 +135,189 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> anyhow::Result<BTre
             (*p, o)
         })
         .collect())
+}
+
+/// A reader client with the given `isolation.level` (no group joins, no
+/// commits).
+fn reader(brokers: &str, isolation: &str, eof: bool) -> anyhow::Result<BaseConsumer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "deductor-chaos-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", if eof { "true" } else { "false" })
+        .set("isolation.level", isolation)
+        .set("fetch.message.max.bytes", "2097152")
+        .create()
+        .with_context(|| format!("{isolation} reader client"))
+}
+
+/// Every record of `topic` that a consumer with
+/// `isolation.level=read_committed` sees: records of aborted transactions
+/// are left out (as are the transaction markers, which take offsets but are
+/// never delivered). On a topic written without transactions that is every
+/// record.
+///
+/// First waits until no transaction is open on any partition (the last
+/// stable offset, what a `read_committed` ListOffsets answers, equals the
+/// high watermark), so nothing committed after the read is missed; then
+/// reads each partition from its beginning until the client reports its end
+/// (partition EOF, which `read_committed` signals at the last stable
+/// offset). Fails if that takes longer than `within`.
+pub fn read_committed(brokers: &str, topic: &str, within: Duration) -> anyhow::Result<Vec<Read>> {
+    let deadline = Instant::now() + within;
+    let all = reader(brokers, "read_uncommitted", false)?;
+    let c = reader(brokers, "read_committed", true)?;
+    let parts = topics::partitions(&c, topic)?;
+    let mut said = false;
+    let ends: BTreeMap<i32, i64> = loop {
+        let mut ends = BTreeMap::new();
+        let mut open = Vec::new();
+        for &p in &parts {
+            let (_, high) = all.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            let (_, stable) = c.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            if stable < high {
+                open.push(format!("p{p}: stable {stable} < end {high}"));
+            }
+            ends.insert(p, high);
+        }
+        if open.is_empty() {
+            break ends;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "reading {topic} (read_committed): transactions still open after {} s ({})",
+                within.as_secs(),
+                open.join(", ")
+            );
+        }
+        if !said {
+            eprintln!(
+                "chaos: {topic}: waiting for open transactions to end ({})",
+                open.join(", ")
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut tpl = TopicPartitionList::new();
+    let mut left: Vec<i32> = Vec::new();
+    for (&p, &end) in &ends {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        if end > 0 {
+            left.push(p);
+        }
+    }
+    c.assign(&tpl)?;
+    let mut out = Vec::new();
+    while !left.is_empty() {
+        if Instant::now() > deadline {
+            bail!(
+                "reading {topic} (read_committed): partitions {left:?} not read to their end (of {ends:?}) after {} s",
+                within.as_secs()
+            );
+        }
+        let m = match c.poll(Duration::from_millis(500)) {
+            None => continue,
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                left.retain(|&x| x != p);
+                continue;
+            }
+            Some(Err(e)) => return Err(e).with_context(|| format!("reading {topic}")),
+            Some(Ok(m)) => m,
+        };
+        let mut headers = HashMap::new();
+        if let Some(h) = m.headers() {
+            for x in h.iter() {
+                let v = x.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                headers.insert(x.key.to_owned(), v.unwrap_or_default());
+            }
+        }
+        out.push(Read {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().unwrap_or_default().to_vec(),
+            headers,
+            timestamp: m.timestamp().to_millis(),
+        });
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+    /// Against a real broker (a dev-stack one, e.g. the chaos broker):
+    /// `DEDUCTOR_CHAOS_TEST_BROKERS=127.0.0.1:9292 cargo test -p
+    /// deductor-chaos -- --ignored`. A committed transaction, an aborted one,
+    /// and one still open when the read starts and committed 2 s later: the
+    /// read waits for it and returns exactly the committed records.
+    #[test]
+    #[ignore = "needs a Kafka broker (DEDUCTOR_CHAOS_TEST_BROKERS)"]
+    fn read_committed_returns_committed_transactions_only() {
+        let brokers = std::env::var("DEDUCTOR_CHAOS_TEST_BROKERS")
+            .unwrap_or_else(|_| "127.0.0.1:9292".to_owned());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos();
+        let topic = format!("chaos-test-rc-{nanos}");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(topics::create(
+            &brokers,
+            &[topics::Topic {
+                name: &topic,
+                partitions: 2,
+                append_time: false,
+            }],
+            Duration::from_secs(30),
+        ))
+        .expect("topic");
+        let p: ThreadedProducer<_> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("transactional.id", format!("chaos-test-rc-{nanos}"))
+            .create()
+            .expect("producer");
+        let t = Duration::from_secs(30);
+        p.init_transactions(t).expect("init");
+        let send = |part: i32, v: &str| {
+            p.send(BaseRecord::<(), str>::to(&topic).partition(part).payload(v))
+                .map_err(|(e, _)| e)
+                .expect("send");
+        };
+        p.begin_transaction().expect("begin");
+        send(0, "a");
+        send(1, "b");
+        p.commit_transaction(t).expect("commit");
+        p.begin_transaction().expect("begin");
+        send(0, "aborted");
+        send(1, "aborted");
+        p.flush(t).expect("flush");
+        p.abort_transaction(t).expect("abort");
+        p.begin_transaction().expect("begin");
+        send(1, "c");
+        p.flush(t).expect("flush");
+        let read = std::thread::spawn({
+            let (b, t) = (brokers.clone(), topic.clone());
+            move || read_committed(&b, &t, Duration::from_secs(60))
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        p.commit_transaction(t).expect("commit");
+        let got: Vec<(i32, String)> = read
+            .join()
+            .expect("reader thread")
+            .expect("read")
+            .into_iter()
+            .map(|r| {
+                (
+                    r.partition,
+                    String::from_utf8_lossy(&r.payload).into_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(0, "a".into()), (1, "b".into()), (1, "c".into())]);
+    }
 }

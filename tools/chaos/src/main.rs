@@ -34,7 +34,7 @@ use deductor::ledger::Ledger;
 use deductor_testkit::rng::Rng;
 use deductor_testkit::topics;
 
-use check::RunInfo;
+use check::{Delivery, RunInfo};
 use faults::{Counts, Env};
 use fleet::Fleet;
 use stack::{Broker, Netns, Redis};
@@ -132,6 +132,15 @@ struct RunArgs {
     /// (commit-early, no-ack-wait, double-deduct). The run must then fail.
     #[arg(long)]
     mutant: Option<String>,
+    /// How the service publishes (its `kafka.delivery`): with exactly_once
+    /// every consumer gets --set=kafka.delivery=exactly_once (outcomes and
+    /// dead letters in Kafka transactions with the consumed offsets) and the
+    /// check requires one outcome per input record and one dead letter per
+    /// invalid record as a read_committed reader sees them; with
+    /// at_least_once (the default) nothing is passed and their duplicates
+    /// are information.
+    #[arg(long, value_enum, default_value_t = Delivery::AtLeastOnce)]
+    delivery: Delivery,
     /// Seed of the workload and the schedule (default: the clock).
     #[arg(long)]
     seed: Option<u64>,
@@ -227,11 +236,20 @@ async fn recheck(dir: PathBuf, repo: PathBuf) -> anyhow::Result<bool> {
         serde_json::from_slice(&std::fs::read(dir.join("promotions.json"))?)?;
     let args: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("args.json"))?)?;
     let port = args["args"]["redis_port"].as_u64().unwrap_or(6490) as u16;
+    // The rules the run was held to (runs from before the setting: at_least_once).
+    let delivery: Delivery = match args["args"].get("delivery") {
+        Some(v) => serde_json::from_value(v.clone()).context("args.json: delivery")?,
+        None => Delivery::AtLeastOnce,
+    };
+    eprintln!(
+        "chaos: checking {} again, delivery {delivery}",
+        dir.display()
+    );
     // The run's Redis again, from its AOF, on loopback (its namespace is gone).
     let mut redis = Redis::new(&repo, &dir.join("redis"), port, None)?;
     redis.start()?;
     run.redis_url = redis.url();
-    let result = check::check(&run, &promos, &dir).await;
+    let result = check::check(&run, &promos, &dir, delivery).await;
     redis.kill();
     let f = result?;
     print!("{}", check::print(&f));
@@ -277,7 +295,11 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
     )?;
     log(
         started,
-        format!("run {tag}, seed {seed}, dir {}", dir.display()),
+        format!(
+            "run {tag}, seed {seed}, delivery {}, dir {}",
+            a.delivery,
+            dir.display()
+        ),
     );
 
     let w = workload::generate(a.events, a.invalid_share, seed);
@@ -450,6 +472,10 @@ async fn run_with_redis(
     if replicated.is_some() {
         consumer_args.push(format!("--set=redis.wait_replicas={}", a.wait_replicas));
     }
+    // Only when asked: a service without the setting refuses unknown keys.
+    if a.delivery == Delivery::ExactlyOnce {
+        consumer_args.push(format!("--set=kafka.delivery={}", a.delivery));
+    }
     let mut fleet = Fleet::new(a.deductor.clone(), consumer_args, dir.to_owned());
     fleet.mutant = a.mutant.clone();
     let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
@@ -492,7 +518,7 @@ async fn drive(
     started: Instant,
 ) -> anyhow::Result<bool> {
     // Reap exits in the background: a consumer that dies unasked is restarted.
-    let monitor = {
+    let monitor = AbortOnDrop({
         let fleet = fleet.clone();
         tokio::spawn(async move {
             loop {
@@ -502,12 +528,12 @@ async fn drive(
                 }
             }
         })
-    };
+    });
 
     let window = Duration::from_secs(a.duration.max(1));
     let bursts = (a.duration / BURST_EVERY_SECS).max(1) as usize;
     let progress = Arc::new(kafka::Production::default());
-    let producer = {
+    let mut producer = {
         let (brokers, topic, progress) =
             (a.brokers.clone(), run.input_topic.clone(), progress.clone());
         let records = w.records;
@@ -559,8 +585,9 @@ async fn drive(
     let mut per_kind: std::collections::HashMap<String, usize> = Default::default();
     for (at, kind) in plan {
         if let Some(wait) = at.checked_sub(t0.elapsed()) {
-            tokio::time::sleep(wait).await;
+            sleep_watching(&fleet, a.delivery, wait).await?;
         }
+        refused(&fleet, a.delivery).await?;
         let k = format!("{kind:?}");
         let n = *per_kind.entry(k).and_modify(|n| *n += 1).or_insert(0);
         match faults::inject(kind, &env, rng, n).await {
@@ -581,7 +608,20 @@ async fn drive(
     }
     std::fs::write(dir.join("faults.json"), serde_json::to_vec_pretty(&done)?)?;
 
-    producer.await.context("producer task")??;
+    loop {
+        tokio::select! {
+            r = &mut producer => {
+                r.context("producer task")??;
+                break;
+            }
+            () = tokio::time::sleep(Duration::from_millis(250)) => {
+                if let Err(e) = refused(&fleet, a.delivery).await {
+                    producer.abort();
+                    return Err(e);
+                }
+            }
+        }
+    }
     log(
         started,
         format!(
@@ -601,6 +641,7 @@ async fn drive(
     let deadline = drain_started + Duration::from_secs(a.drain_timeout);
     let mut drained = false;
     while Instant::now() < deadline {
+        refused(&fleet, a.delivery).await?;
         let (b, t, g) = (
             run.brokers.clone(),
             run.input_topic.clone(),
@@ -635,7 +676,7 @@ async fn drive(
             )
         },
     );
-    monitor.abort();
+    drop(monitor);
     let stats = {
         let mut f = fleet.lock().await;
         f.stop_all(Duration::from_secs(40)).await?;
@@ -643,7 +684,7 @@ async fn drive(
     };
 
     log(started, "checking");
-    let mut figures = check::check(run, &load_promos(dir)?, dir).await?;
+    let mut figures = check::check(run, &load_promos(dir)?, dir, a.delivery).await?;
     figures.rows.push((
         "consumer processes started".into(),
         stats.started as i64,
@@ -728,7 +769,8 @@ async fn drive(
         .collect();
     std::fs::write(dir.join("failed.txt"), failed_lines)?;
     println!(
-        "seed {seed}, run dir {}, {:.0} s\n",
+        "seed {seed}, delivery {}, run dir {}, {:.0} s\n",
+        a.delivery,
         dir.display(),
         started.elapsed().as_secs_f64()
     );
@@ -744,6 +786,51 @@ async fn drive(
         );
     }
     Ok(failed.is_empty())
+}
+
+/// A task aborted when this is dropped (also when the run bails out).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Fails once a consumer refused its settings (exit 2 at its start, see
+/// `Fleet::refused`): every restart would refuse them too.
+async fn refused(fleet: &tokio::sync::Mutex<Fleet>, delivery: Delivery) -> anyhow::Result<()> {
+    let Some(what) = fleet.lock().await.refused.clone() else {
+        return Ok(());
+    };
+    let hint = if delivery == Delivery::ExactlyOnce && what.contains("kafka.delivery") {
+        "\n  --delivery exactly_once passes --set=kafka.delivery=exactly_once to the \
+         consumers, and this deductor does not know that setting: run it against a \
+         service that has kafka.delivery, or with --delivery at_least_once"
+    } else {
+        ""
+    };
+    bail!(
+        "a consumer refused its settings (exit 2, a usage or config error, at its start; \
+         every restart would too), so the run stops: {what}{hint}"
+    )
+}
+
+/// Sleeps `d`, checking every 250 ms that no consumer refused its settings.
+async fn sleep_watching(
+    fleet: &tokio::sync::Mutex<Fleet>,
+    delivery: Delivery,
+    d: Duration,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + d;
+    loop {
+        refused(fleet, delivery).await?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(250))).await;
+    }
 }
 
 fn load_promos(dir: &std::path::Path) -> anyhow::Result<Vec<workload::Promo>> {

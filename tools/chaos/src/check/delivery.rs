@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use deductor_testkit::topics::Read;
 use serde_json::Value;
 
-use super::{bucket, Findings, Input};
+use super::{bucket, Delivery, Findings, Input};
 use crate::model;
 
 /// The outcomes and dead letters, each under the input record it names as
@@ -118,6 +118,72 @@ impl<'a> Sources<'a> {
         self.dead_letters_of
             .get(&src)
             .map_or(&[][..], Vec::as_slice)
+    }
+}
+
+/// An input record: its partition and offset in the input topic.
+type Source = (i32, i64);
+
+/// Records beyond the first of each input record.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Beyond {
+    pub total: usize,
+    /// The input records with more than one, with how many they have, in
+    /// order.
+    pub sources: Vec<(Source, usize)>,
+}
+
+/// The records beyond the first of each input record in `by_source`, what
+/// the outcome or dead-letter topic says of each input record. An input
+/// record is its source partition and offset: a record re-sent under the
+/// same event id is another input record, with its own outcome.
+pub fn beyond_first<V>(by_source: &HashMap<Source, Vec<V>>) -> Beyond {
+    let mut sources: Vec<(Source, usize)> = by_source
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(&src, v)| (src, v.len()))
+        .collect();
+    sources.sort_unstable();
+    Beyond {
+        total: sources.iter().map(|(_, n)| n - 1).sum(),
+        sources,
+    }
+}
+
+/// The figure names of [`duplicates`].
+pub const DUPLICATE_OUTCOMES: &str = "duplicate outcomes (read_committed)";
+pub const DUPLICATE_DEAD_LETTERS: &str = "duplicate dead letters (read_committed)";
+
+/// Outcomes and dead letters beyond the first per input record, as a
+/// `read_committed` reader sees them (the topics are read so). With
+/// `exactly_once` delivery both must be 0 (their sources go to the
+/// evidence); with `at_least_once` a redelivery may publish again, and they
+/// are information. They count every input record, valid or not (an
+/// invalid event's `invalid_event` outcome too); the histogram of outcomes
+/// per valid input record shows the same redeliveries by count.
+pub fn duplicates(sources: &Sources<'_>, delivery: Delivery, found: &mut Findings) {
+    let must_be_zero = delivery == Delivery::ExactlyOnce;
+    for (
+        name,
+        Beyond {
+            total,
+            sources: over,
+        },
+    ) in [
+        (DUPLICATE_OUTCOMES, beyond_first(&sources.outcomes_of)),
+        (
+            DUPLICATE_DEAD_LETTERS,
+            beyond_first(&sources.dead_letters_of),
+        ),
+    ] {
+        found.figures.row(name, total, must_be_zero);
+        if must_be_zero {
+            for ((p, o), k) in over {
+                found
+                    .evidence
+                    .add(name, format!("input p{p} o{o}: {k} records"));
+            }
+        }
     }
 }
 
@@ -316,4 +382,145 @@ pub fn decisions(
         *f.decisions.entry(key).or_default() += 1;
     }
     first_outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(topic: &str, partition: i32, offset: i64, event: &str, at: i64) -> Read {
+        let v = serde_json::json!({
+            "type": "DeductAccepted",
+            "event_id": event,
+            "order_id": "o-1",
+            "source": {"topic": topic, "partition": partition, "offset": offset},
+        });
+        Read {
+            partition: 0,
+            offset: at,
+            key: None,
+            payload: v.to_string().into_bytes(),
+            headers: Default::default(),
+            timestamp: None,
+        }
+    }
+
+    fn dead_letter(partition: Option<&str>, offset: &str, at: i64) -> Read {
+        let mut h: HashMap<String, String> = [
+            ("deductor.error", "bad"),
+            ("deductor.error.kind", "not_json"),
+            ("deductor.source.topic", "in"),
+            ("deductor.source.offset", offset),
+            ("deductor.source.timestamp", "1"),
+            ("deductor.consumer.group", "g"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        if let Some(p) = partition {
+            h.insert("deductor.source.partition".into(), p.into());
+        }
+        Read {
+            partition: 0,
+            offset: at,
+            key: None,
+            payload: b"x".to_vec(),
+            headers: h,
+            timestamp: None,
+        }
+    }
+
+    fn beyond(total: usize, sources: Vec<(Source, usize)>) -> Beyond {
+        Beyond { total, sources }
+    }
+
+    fn figure(found: &Findings, name: &str) -> (i64, bool) {
+        let (_, v, z) = found
+            .figures
+            .rows
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .expect("figure present");
+        (*v, *z)
+    }
+
+    /// What the topics hold: input p0 o5 answered three times, p0 o6 once,
+    /// p1 o5 once (the same offset in another partition: another record),
+    /// p0 o7 and p0 o8 once each with the same event id (a record re-sent:
+    /// two input records, no duplicate), one outcome of another topic
+    /// (malformed, not counted); dead letters: p2 o9 twice, p0 o9 once, one
+    /// without its partition header (not indexed, not counted).
+    fn topics() -> (Vec<Read>, Vec<Read>) {
+        let outcomes = vec![
+            outcome("in", 0, 5, "e-1", 0),
+            outcome("in", 0, 6, "e-2", 1),
+            outcome("in", 0, 5, "e-1", 2),
+            outcome("in", 1, 5, "e-3", 3),
+            outcome("in", 0, 7, "e-4", 4),
+            outcome("in", 0, 8, "e-4", 5),
+            outcome("other", 0, 6, "e-2", 6),
+            outcome("in", 0, 5, "e-1", 7),
+        ];
+        let dlq = vec![
+            dead_letter(Some("2"), "9", 0),
+            dead_letter(Some("0"), "9", 1),
+            dead_letter(Some("2"), "9", 2),
+            dead_letter(None, "9", 3),
+        ];
+        (outcomes, dlq)
+    }
+
+    #[test]
+    fn duplicates_are_counted_per_input_record() {
+        let (outcomes, dlq) = topics();
+        let mut found = Findings::default();
+        let sources = Sources::index("in", &outcomes, &dlq, &mut found);
+        assert_eq!(found.zeros.malformed_outcomes, 1);
+        assert_eq!(found.zeros.bad_dlq, 1);
+        assert_eq!(
+            beyond_first(&sources.outcomes_of),
+            beyond(2, vec![((0, 5), 3)]),
+            "p0 o5 has 2 outcomes beyond its first; the re-sent event (o7, o8) and p1 o5 none"
+        );
+        assert_eq!(
+            beyond_first(&sources.dead_letters_of),
+            beyond(1, vec![((2, 9), 2)])
+        );
+
+        duplicates(&sources, Delivery::ExactlyOnce, &mut found);
+        assert_eq!(figure(&found, DUPLICATE_OUTCOMES), (2, true));
+        assert_eq!(figure(&found, DUPLICATE_DEAD_LETTERS), (1, true));
+        assert_eq!(
+            found.figures.failed(),
+            vec![DUPLICATE_OUTCOMES, DUPLICATE_DEAD_LETTERS]
+        );
+        assert_eq!(
+            found.evidence.0[DUPLICATE_OUTCOMES],
+            vec!["input p0 o5: 3 records".to_owned()]
+        );
+    }
+
+    #[test]
+    fn duplicates_are_information_at_least_once() {
+        let (outcomes, dlq) = topics();
+        let mut found = Findings::default();
+        let sources = Sources::index("in", &outcomes, &dlq, &mut found);
+        duplicates(&sources, Delivery::AtLeastOnce, &mut found);
+        assert_eq!(figure(&found, DUPLICATE_OUTCOMES), (2, false));
+        assert_eq!(figure(&found, DUPLICATE_DEAD_LETTERS), (1, false));
+        assert!(found.figures.failed().is_empty());
+        assert!(!found.evidence.0.contains_key(DUPLICATE_OUTCOMES));
+    }
+
+    #[test]
+    fn one_record_each_is_no_duplicate() {
+        let mut by: HashMap<(i32, i64), Vec<u8>> = HashMap::new();
+        assert_eq!(beyond_first(&by), beyond(0, vec![]));
+        by.insert((0, 1), vec![1]);
+        by.insert((1, 1), vec![1]);
+        by.insert((0, 2), vec![]);
+        assert_eq!(beyond_first(&by), beyond(0, vec![]));
+        by.insert((3, 4), vec![1, 2, 3, 4]);
+        assert_eq!(beyond_first(&by), beyond(3, vec![((3, 4), 4)]));
+    }
 }
