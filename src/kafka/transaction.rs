@@ -146,18 +146,9 @@ impl Transactions {
     /// Aborts the open transaction and opens the next: called with `ops`
     /// held. Partitions whose outcomes were in it must have been closed
     /// in [`Offsets`] (revoked, or all of them for a rewind) before.
-    fn abort_locked(&self, why: &str) -> Result<(), KafkaError> {
+    fn abort_locked(&self, why: &str, deadline: Option<Instant>) -> Result<(), KafkaError> {
         *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match self.producer.abort_transaction(self.timeout) {
-                Ok(()) => break,
-                Err(e) if retriable(&e) && Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "transaction abort not done yet; retrying");
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retrying(deadline, || self.producer.abort_transaction(self.timeout))?;
         self.doomed.store(false, Ordering::SeqCst);
         self.producer.begin_transaction()?;
         metrics::transaction("aborted");
@@ -173,7 +164,7 @@ impl Transactions {
             self.offsets.close(*p);
         }
         let _ops = lock(&self.ops);
-        self.abort_locked("partitions revoked")
+        self.abort_locked("partitions revoked", None)
     }
 
     /// The end of one transaction and the start of the next; see the
@@ -188,7 +179,7 @@ impl Transactions {
         let this = self.clone();
         let result = tokio::task::spawn_blocking(move || {
             let _gate = gate;
-            this.commit_or_abort(metadata)
+            this.commit_or_abort(metadata, None)
         })
         .await;
         match result {
@@ -199,33 +190,34 @@ impl Transactions {
         }
     }
 
+    /// `deadline`: None waits out a broker outage as long as it lasts
+    /// (events wait meanwhile, as they do for their produces).
     fn commit_or_abort(
         &self,
         metadata: Option<ConsumerGroupMetadata>,
+        deadline: Option<Instant>,
     ) -> Result<Boundary, KafkaError> {
         let _ops = lock(&self.ops);
         if self.doomed.load(Ordering::SeqCst) {
-            return self.rewind("a produce in the transaction failed");
+            return self.rewind("a produce in the transaction failed", deadline);
         }
         let commits = self.offsets.take_commits(None);
         if commits.is_empty() {
             return Ok(Boundary::Committed);
         }
         let Some(metadata) = metadata else {
-            return self.rewind("no consumer group metadata (not in the group)");
+            return self.rewind("no consumer group metadata (not in the group)", deadline);
         };
         let list = commit_list(&self.topic, &commits)?;
-        let sent = retrying(self.timeout, || {
+        let sent = retrying(deadline, || {
             self.producer
                 .send_offsets_to_transaction(&list, &metadata, self.timeout)
         });
         if let Err(e) = sent {
-            return self.failed("sending the offsets to the transaction", e);
+            return self.failed("sending the offsets to the transaction", e, deadline);
         }
-        if let Err(e) = retrying(self.timeout, || {
-            self.producer.commit_transaction(self.timeout)
-        }) {
-            return self.failed("committing the transaction", e);
+        if let Err(e) = retrying(deadline, || self.producer.commit_transaction(self.timeout)) {
+            return self.failed("committing the transaction", e, deadline);
         }
         self.producer.begin_transaction()?;
         metrics::transaction("committed");
@@ -236,33 +228,40 @@ impl Transactions {
 
     /// A transaction call failed: fatal errors stop the service, any other
     /// aborts and rewinds (e.g. a zombie fenced by the group generation).
-    fn failed(&self, what: &str, e: KafkaError) -> Result<Boundary, KafkaError> {
+    fn failed(
+        &self,
+        what: &str,
+        e: KafkaError,
+        deadline: Option<Instant>,
+    ) -> Result<Boundary, KafkaError> {
         metrics::commit(false);
         if fatal(&e) {
             tracing::error!(error = %e, "{what}: fatal");
             return Err(e);
         }
-        self.rewind(&format!("{what}: {e}"))
+        self.rewind(&format!("{what}: {e}"), deadline)
     }
 
     /// Aborts after closing every partition: the pipeline rejoins the group.
-    fn rewind(&self, why: &str) -> Result<Boundary, KafkaError> {
+    fn rewind(&self, why: &str, deadline: Option<Instant>) -> Result<Boundary, KafkaError> {
         for p in self.offsets.partitions() {
             self.offsets.close(p);
         }
-        self.abort_locked(why)?;
+        self.abort_locked(why, deadline)?;
         Ok(Boundary::Rewind(why.to_owned()))
     }
 
     /// At shutdown, after the drain: commits when every started event
-    /// finished and nothing failed, else aborts. Blocking.
-    pub fn finish(&self, metadata: Option<ConsumerGroupMetadata>) {
+    /// finished and nothing failed, else aborts; gives up after `limit`
+    /// (the broker then aborts it after transaction.timeout.ms). Blocking.
+    pub fn finish(&self, metadata: Option<ConsumerGroupMetadata>, limit: Duration) {
+        let deadline = Some(Instant::now() + limit);
         let clean = self.offsets.in_flight() == 0 && !self.doomed.load(Ordering::SeqCst);
         let result = if clean {
-            self.commit_or_abort(metadata).map(|_| ())
+            self.commit_or_abort(metadata, deadline).map(|_| ())
         } else {
             let _ops = lock(&self.ops);
-            self.abort_locked("shutdown with unfinished events")
+            self.abort_locked("shutdown with unfinished events", deadline)
         };
         if let Err(e) = result {
             tracing::warn!(error = %e, "last transaction at shutdown; its events are redone by the next owner");
@@ -270,16 +269,16 @@ impl Transactions {
     }
 }
 
-/// Retries `op` while its error is retriable, until `limit`.
+/// Retries `op` while its error is retriable (librdkafka: "retry call to
+/// resume"), until `deadline` if any.
 fn retrying(
-    limit: Duration,
+    deadline: Option<Instant>,
     mut op: impl FnMut() -> Result<(), KafkaError>,
 ) -> Result<(), KafkaError> {
-    let deadline = Instant::now() + limit;
     loop {
         match op() {
-            Err(e) if retriable(&e) && Instant::now() < deadline => {
-                tracing::warn!(error = %e, "transaction call not done yet; retrying");
+            Err(e) if retriable(&e) && deadline.is_none_or(|d| Instant::now() < d) => {
+                tracing::warn!(error = %e, "transaction call not done yet (broker unreachable?); retrying");
                 std::thread::sleep(Duration::from_millis(100));
             }
             r => return r,

@@ -356,7 +356,8 @@ pub async fn run_with_ledger(
         // finished, else aborted (the next owner redoes its events).
         Some(t) => {
             let (t, metadata) = (t.clone(), consumer.group_metadata());
-            let _ = tokio::task::spawn_blocking(move || t.finish(metadata)).await;
+            let _ = tokio::task::spawn_blocking(move || t.finish(metadata, Duration::from_secs(5)))
+                .await;
         }
         None => commit::watermarks(
             &*consumer,

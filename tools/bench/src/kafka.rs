@@ -157,6 +157,10 @@ pub struct OutcomeRec {
     pub ts_ms: i64,
     /// deductor's clock when it built the outcome (after Redis), ms.
     pub processed_ms: Option<i64>,
+    /// When the bench's reader (read_committed, librdkafka's default) got
+    /// it, ms: with kafka.delivery = exactly_once, after its transaction
+    /// committed. The append time for [`read_all`].
+    pub seen_ms: i64,
 }
 
 fn reader(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<BaseConsumer> {
@@ -165,6 +169,7 @@ fn reader(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<BaseCon
         .set("group.id", "deductor-bench-reader")
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
+        .set("isolation.level", "read_committed")
         .create()
         .context("outcome reader")?;
     let mut tpl = TopicPartitionList::new();
@@ -185,6 +190,7 @@ fn decode(payload: &[u8], ts_ms: Option<i64>) -> Option<OutcomeRec> {
         reason: o.reason,
         duplicate: o.duplicate,
         ts_ms: ts_ms?,
+        seen_ms: ts_ms?,
         processed_ms: o
             .processed_at
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
@@ -217,7 +223,8 @@ pub fn read_live(
         match c.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let o = decode(m.payload().unwrap_or_default(), m.timestamp().to_millis());
-                if let Some(o) = o.filter(|o| o.event_id.starts_with(prefix)) {
+                if let Some(mut o) = o.filter(|o| o.event_id.starts_with(prefix)) {
+                    o.seen_ms = unix_ms();
                     out.push(o);
                 }
             }

@@ -65,6 +65,9 @@ pub struct Latency {
     pub to_broker_ms: [i64; 2],
     pub to_processed_ms: [i64; 2],
     pub to_append_ms: [i64; 2],
+    /// p50, p99 of: produce timestamp -> the bench's read_committed reader
+    /// got the outcome (exactly_once: after its transaction committed).
+    pub visible_ms: [i64; 2],
     pub cpu_per_1k: f64,
     pub max_rss_mib: f64,
     pub exit_code: i32,
@@ -338,9 +341,10 @@ impl Report {
             );
             let _ = writeln!(
                 s,
-                "| latency split, p50 / p99: event produced -> in the broker (load generator); -> outcome built (deductor: fetch, parse, Redis); -> outcome in the broker (deductor: produce, ack) | {} / {} ms; {} / {} ms; {} / {} ms | | | | |",
+                "| latency split, p50 / p99: event produced -> in the broker (load generator); -> outcome built (deductor: fetch, parse, Redis); -> outcome in the broker (deductor: produce, ack); event produced -> outcome read by a read_committed reader | {} / {} ms; {} / {} ms; {} / {} ms; {} / {} ms | | | | |",
                 l.to_broker_ms[0], l.to_broker_ms[1],
                 l.to_processed_ms[0], l.to_processed_ms[1], l.to_append_ms[0], l.to_append_ms[1],
+                l.visible_ms[0], l.visible_ms[1],
             );
         }
         let runs: Vec<&Run> = [&self.spread, &self.hot, &self.baseline]
