@@ -25,6 +25,7 @@ pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const TRANSACTIONS: &str = "deductor_transactions_total";
+pub const BATCH_LINES: &str = "deductor_batch_lines";
 pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
@@ -50,6 +51,10 @@ pub fn describe() {
         "Consumer group rebalances that revoked partitions from this instance."
     );
     describe_counter!(KAFKA_ERRORS, "Kafka client errors, by kind.");
+    describe_histogram!(
+        BATCH_LINES,
+        "Placement lines per deduct_batch.lua call (redis.batch_max_lines)."
+    );
     describe_counter!(
         TRANSACTIONS,
         "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted)."
@@ -131,6 +136,10 @@ pub fn rebalance() {
 
 pub fn commit(ok: bool) {
     counter!(COMMITS, "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+pub fn batch_lines(n: usize) {
+    metrics::histogram!(BATCH_LINES).record(n as f64);
 }
 
 pub fn transaction(result: &'static str) {

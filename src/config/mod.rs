@@ -135,6 +135,8 @@ pub struct RedisSettings {
     pub wait_replicas: u32,
     /// How long one `WAIT` may block before a short count is retried.
     pub wait_timeout_ms: u64,
+    /// Placement lines decided in one script call at most (1 = no batching).
+    pub batch_max_lines: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -270,6 +270,13 @@ fn redis(r: &RedisSettings) -> Result<(), ConfigError> {
             "use 1 to 60000 milliseconds, e.g. 1000",
         ));
     }
+    if !(1..=512).contains(&r.batch_max_lines) {
+        return Err(bad(
+            "redis.batch_max_lines",
+            format!("{} is out of range", r.batch_max_lines),
+            "use 1 (no batching) to 512, e.g. 32",
+        ));
+    }
     if r.pool_size == 0 || r.pool_size > 64 {
         return Err(bad(
             "redis.pool_size",

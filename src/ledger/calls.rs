@@ -53,6 +53,19 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
     )
 }
 
+/// `deduct_batch.lua`: the [`deduct`] calls of `lines`, decided in this
+/// order in one call.
+pub fn deduct_batch(lines: &[Call]) -> Call {
+    let mut keys = Vec::with_capacity(4 * lines.len());
+    let mut args = Vec::with_capacity(1 + 7 * lines.len());
+    args.push(lines.len().to_string());
+    for c in lines {
+        keys.extend(c.keys.iter().cloned());
+        args.extend(c.args.iter().cloned());
+    }
+    call(&scripts::DEDUCT_BATCH, keys, args)
+}
+
 /// `release.lua`: undo what event `h` deducted on `line`, and mark the line.
 pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
@@ -354,9 +367,33 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_its_lines_deduct_calls_in_order() {
+        let (a, mut b) = (h(), h());
+        b.event_id = id("e-2");
+        b.customer_id = id("c-2");
+        let lines = [
+            deduct(&Keys::new("promo"), &ttl(), &a, &place_line()),
+            deduct(&Keys::new("promo"), &ttl(), &b, &place_line()),
+        ];
+        let batch = deduct_batch(&lines);
+        assert_eq!(batch.script.name, "deduct_batch");
+        assert_eq!(batch.keys.len(), 8);
+        assert_eq!(batch.keys[..4], lines[0].keys[..]);
+        assert_eq!(batch.keys[4..], lines[1].keys[..]);
+        assert_eq!(batch.args[0], "2");
+        assert_eq!(batch.args[1..8], lines[0].args[..]);
+        assert_eq!(batch.args[8..], lines[1].args[..]);
+        // The header names the layout this builder follows.
+        let header = own(&scripts::DEDUCT_BATCH);
+        assert!(header.contains("KEYS[4i+1 .. 4i+4]"), "{header}");
+        assert!(header.contains("ARGV[7i+2 .. 7i+8]"), "{header}");
+    }
+
+    #[test]
     fn every_script_has_a_builder_tested_here() {
         let tested = [
             "deduct",
+            "deduct_batch",
             "release",
             "memo",
             "rollback",

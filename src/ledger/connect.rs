@@ -9,6 +9,7 @@ use fred::prelude::{
 };
 use fred::types::config::{ReconnectError, TlsConnector, UnresponsiveConfig};
 
+use super::batch::Batcher;
 use super::calls::Ttls;
 use super::sentinel::SentinelUrl;
 use super::{Ledger, LedgerError, Shared};
@@ -106,6 +107,7 @@ impl Ledger {
     /// connection is up. Credentials in `settings` override the URL's.
     pub async fn connect(settings: &RedisSettings) -> Result<Ledger, LedgerError> {
         let config = fred_config(settings)?;
+        let clustered = config.server.is_clustered();
         let command_timeout = Duration::from_millis(settings.command_timeout_ms.max(1));
         let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
         // A blocking WAIT (the durability gate) must not look unresponsive.
@@ -152,9 +154,20 @@ impl Ledger {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.quit()).await;
             return Err(e);
         }
+        // One script may touch every key only outside a Cluster, and the
+        // gate's WAIT covers only the order's own connection.
+        let batcher = (settings.batch_max_lines > 1 && settings.wait_replicas == 0 && !clustered)
+            .then(|| {
+                Batcher::start(
+                    pool.clone(),
+                    settings.batch_max_lines,
+                    Duration::from_millis(settings.slow_script_ms),
+                )
+            });
         let ledger = Ledger {
             pool,
             shared: Arc::new(Shared {
+                batcher,
                 keys: Keys::new(settings.key_prefix.clone()),
                 ttl: Ttls::new(settings.record_ttl_secs, settings.refund_ttl_secs),
                 slow_script: Duration::from_millis(settings.slow_script_ms),

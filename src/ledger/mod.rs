@@ -10,6 +10,7 @@
 //! over one pooled connection (chosen by the order id), and its writes are
 //! awaited one after another.
 
+mod batch;
 pub mod calls;
 pub mod connect;
 pub mod durability;
@@ -49,6 +50,8 @@ struct Shared {
     wait_replicas: u32,
     wait_timeout: Duration,
     command_timeout: Duration,
+    /// Placement lines batched into deduct_batch.lua calls ([`batch`]).
+    batcher: Option<batch::Batcher>,
 }
 
 impl std::fmt::Debug for Ledger {

@@ -251,9 +251,13 @@ impl Ledger {
 
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
         let call = calls::deduct(self.keys(), &self.shared.ttl, h, line);
-        let reply = self
-            .run(call, Some(&h.order_id), &line.promotion_id)
-            .await?;
+        let reply = match &self.shared.batcher {
+            Some(b) => b.deduct(call).await?,
+            None => {
+                self.run(call, Some(&h.order_id), &line.promotion_id)
+                    .await?
+            }
+        };
         reply::decode_deduct(reply)
     }
 

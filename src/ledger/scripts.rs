@@ -28,6 +28,9 @@ impl Script {
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a redelivery deducts again.
         let body = if name == "deduct" && crate::mutants::mutant("double-deduct") {
             String::leak(format!("{DOUBLE_DEDUCT}{body}"))
+        } else if name == "deduct_batch" && crate::mutants::mutant("double-deduct") {
+            let wrapper = "local function deduct_one(KEYS, ARGV)\n";
+            String::leak(body.replace(wrapper, &format!("{wrapper}{DOUBLE_DEDUCT}")))
         } else {
             body
         };
@@ -80,6 +83,20 @@ macro_rules! with_lib {
 }
 
 pub static DEDUCT: LazyLock<Script> = with_lib!("deduct");
+/// deduct.lua's body, unchanged, as `deduct_one(KEYS, ARGV)`, called for
+/// each line of a batch by lua/deduct_batch.lua.
+pub static DEDUCT_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "deduct_batch",
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "local function deduct_one(KEYS, ARGV)\n",
+            include_str!("../../lua/deduct.lua"),
+            "\nend\n",
+            include_str!("../../lua/deduct_batch.lua")
+        ),
+    )
+});
 pub static RELEASE: LazyLock<Script> = with_lib!("release");
 pub static ROLLBACK: LazyLock<Script> = with_lib!("rollback");
 pub static MEMO: LazyLock<Script> = with_lib!("memo");
@@ -92,9 +109,10 @@ pub static PROMO_LIMIT: LazyLock<Script> = with_lib!("promo_limit");
 pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 9] {
+pub fn all() -> [&'static Script; 10] {
     [
         &DEDUCT,
+        &DEDUCT_BATCH,
         &RELEASE,
         &ROLLBACK,
         &MEMO,

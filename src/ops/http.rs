@@ -34,6 +34,10 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ],
         )?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(crate::metrics::BATCH_LINES.into()),
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
+        )?
         .install_recorder()?;
     crate::metrics::describe();
     Ok(handle)

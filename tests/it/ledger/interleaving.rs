@@ -17,14 +17,14 @@ use std::time::Duration;
 use crate::common::redis::{self, placed, refunded, TestRedis};
 use deductor::domain::decision::PlaceDecision;
 use deductor::domain::event::OrderPlaced;
-use deductor::ledger::scripts::DEDUCT;
+use deductor::ledger::scripts::{DEDUCT, DEDUCT_BATCH};
 use deductor::ledger::{Ledger, LedgerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
 /// A proxy to Redis that, once armed, holds the first chunk the client sends
-/// that calls `deduct.lua`, until released.
+/// that calls `deduct.lua` (or `deduct_batch.lua`), until released.
 struct Hold {
     addr: String,
     armed: Arc<AtomicBool>,
@@ -58,12 +58,16 @@ async fn hold_proxy(upstream: String) -> Hold {
             let (a, h, r) = (a.clone(), h.clone(), r.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
-                let sha = DEDUCT.sha1.as_bytes();
+                // deduct.lua, alone or in a batch (the ledger batches
+                // placement lines on a single Redis).
+                let shas = [DEDUCT.sha1.as_bytes(), DEDUCT_BATCH.sha1.as_bytes()];
                 while let Ok(n) = cr.read(&mut buf).await {
                     if n == 0 {
                         return;
                     }
-                    let calls_deduct = buf[..n].windows(sha.len()).any(|w| w == sha)
+                    let calls_deduct = shas
+                        .iter()
+                        .any(|sha| buf[..n].windows(sha.len()).any(|w| w == *sha))
                         || buf[..n].windows(12).any(|w| w == b"deduct.lua: ");
                     if calls_deduct && a.swap(false, Ordering::SeqCst) {
                         h.notify_one();

@@ -7,8 +7,10 @@
 //! - `multi_line`: orders of several promotions, all or nothing (release.lua);
 //! - `corrupt`: corrupt stored values and keys of the wrong type;
 //! - `errors`: bad arguments, NOSCRIPT and connection errors;
-//! - `promo_set`: `promo set` as the scripts read it.
+//! - `promo_set`: `promo set` as the scripts read it;
+//! - `batch`: deduct_batch.lua decides as deduct.lua one line at a time.
 
+mod batch;
 mod corrupt;
 mod errors;
 mod multi_line;
