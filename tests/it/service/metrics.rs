@@ -16,9 +16,8 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The metric families an operator's dashboards and alerts rely on.
-const FAMILIES: [&str; 7] = [
+const FAMILIES: [&str; 6] = [
     "deductor_events_total",
-    "deductor_batch_lines",
     "deductor_dead_letters_total",
     "deductor_script_duration_seconds",
     "deductor_assigned_partitions",
@@ -169,14 +168,9 @@ async fn live_metrics_parse_and_probes_answer() {
             "no # TYPE line for {family} in:\n{metrics}"
         );
     }
-    // On a single Redis the placement lines go out batched.
     assert!(
-        metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct_batch"}"#),
-        "no deduct_batch script timing:\n{metrics}"
-    );
-    assert!(
-        metrics.contains(r#"deductor_batch_lines_bucket{le="32"}"#),
-        "no batch size histogram:\n{metrics}"
+        metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct"}"#),
+        "no deduct script timing:\n{metrics}"
     );
     assert!(
         metrics.contains(&format!(

@@ -5,7 +5,7 @@
 use deductor::config::RedisSettings;
 
 /// `url` and key prefix `prefix`, no credentials, no TLS, no replica gate,
-/// batched placements as in the service,
+/// no batching,
 /// the service's record and refund TTLs, a pool of 2 and short timeouts
 /// (5 s a command, 2 s to connect; a script is slow after 1 s). A caller
 /// that needs more sets those fields over these.
@@ -29,9 +29,8 @@ pub fn redis(url: &str, prefix: &str) -> RedisSettings {
         sentinel_password_file: String::new(),
         wait_replicas: 0,
         wait_timeout_ms: 1_000,
-        // As the service: placements go through deduct_batch.lua (the
-        // model and scripts tests cover that path; one line per call when
-        // they run one at a time).
-        batch_max_lines: 32,
+        // As the service: one deduct.lua call per placement line (tests of
+        // the batch path set more).
+        batch_max_lines: 1,
     }
 }

@@ -112,8 +112,18 @@ static STEPS: AtomicUsize = AtomicUsize::new(0);
 static REPLAYS: AtomicUsize = AtomicUsize::new(0);
 static ACCEPTED: AtomicUsize = AtomicUsize::new(0);
 
-async fn run_case(actions: Vec<Action>) -> Result<(), TestCaseError> {
+async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), TestCaseError> {
     let r = standalone().await;
+    let r = if batch_max_lines > 1 {
+        // The same keys through a ledger that batches its placement lines
+        // (deduct_batch.lua, one line a batch here: the steps run in turn).
+        let mut s = settings(&r.url, &r.prefix);
+        s.batch_max_lines = batch_max_lines;
+        let batched = deductor::ledger::Ledger::connect(&s).await.unwrap();
+        r.with_ledger(batched).await
+    } else {
+        r
+    };
     let keys = r.keys().clone();
     let mut model = Model::default();
     for i in 0..specs().len() {
@@ -413,10 +423,22 @@ fn check_invariant(keys: &Keys, dump: &Dump, model: &Model) -> Result<(), TestCa
 
 #[test]
 fn ledger_agrees_with_the_model() {
+    run_model(1, 1);
+}
+
+/// The same, through the batch path (`redis.batch_max_lines` 32), with half
+/// the cases.
+#[test]
+fn ledger_agrees_with_the_model_batched() {
+    run_model(32, 2);
+}
+
+fn run_model(batch_max_lines: usize, fewer: u32) {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(64)
+        .div_ceil(fewer);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -428,7 +450,7 @@ fn ledger_agrees_with_the_model() {
         ..Config::default()
     });
     let result = runner.run(&prop::collection::vec(action(), 40..=80), |actions| {
-        rt.block_on(run_case(actions))
+        rt.block_on(run_case(actions, batch_max_lines))
     });
     println!(
         "ledger model: {} cases passed, {} steps, {} replays, {} accepted placements (configured cases: {cases})",

@@ -130,11 +130,10 @@ async fn noscript_falls_back_to_eval() {
         .await
         .unwrap();
     accepted(&d);
-    // A placement line goes through deduct_batch.lua on a single Redis.
     let cached: Vec<bool> = r
         .pool()
         .next()
-        .script_exists(vec![scripts::DEDUCT_BATCH.sha1.clone()])
+        .script_exists(vec![scripts::DEDUCT.sha1.clone()])
         .await
         .unwrap();
     assert_eq!(cached, vec![true], "EVAL cached the script");
