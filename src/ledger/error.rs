@@ -37,6 +37,10 @@ pub enum ErrorClass {
     BadArg,
     /// A script found stored data that breaks the contract (`CORRUPT`).
     Corrupt,
+    /// The release of a rejected placement's deducted line met corrupt data:
+    /// the event waits (is retried) until the data is repaired, since giving
+    /// up would leave a rejected event holding its deduction.
+    ReleaseBlocked,
     /// A reply of the wrong shape.
     Reply,
     /// Anything else (e.g. an `ERR` from a script runtime error).
@@ -56,13 +60,15 @@ impl ErrorClass {
             ErrorClass::Config => "config",
             ErrorClass::BadArg => "bad_argument",
             ErrorClass::Corrupt => "corrupt",
+            ErrorClass::ReleaseBlocked => "release_blocked",
             ErrorClass::Reply => "reply",
             ErrorClass::Other => "other",
         }
     }
 
-    /// Transient failures are retried; corrupt data rejects the event; the
-    /// rest means the service (or its code) cannot work as it is.
+    /// Transient failures are retried; corrupt data rejects the event (but
+    /// a release it blocks is retried until the data is repaired); the rest
+    /// means the service (or its code) cannot work as it is.
     pub fn disposition(self) -> Disposition {
         match self {
             ErrorClass::Connection
@@ -70,7 +76,8 @@ impl ErrorClass {
             | ErrorClass::Busy
             | ErrorClass::Cluster
             | ErrorClass::Replicas
-            | ErrorClass::NoScript => Disposition::Retry,
+            | ErrorClass::NoScript
+            | ErrorClass::ReleaseBlocked => Disposition::Retry,
             ErrorClass::Corrupt => Disposition::Reject,
             ErrorClass::Auth
             | ErrorClass::Config
@@ -138,6 +145,14 @@ pub enum LedgerError {
     /// replicas; the event is retried, never committed.
     #[error("redis WAIT: {detail}")]
     NotDurable { detail: String },
+    /// A rejected placement could not give back a line it deducted: the
+    /// release met corrupt data (`cause`). Retried until it is repaired.
+    #[error("the release of order {order} on promotion {promotion} is blocked by corrupt data until it is repaired: {cause}")]
+    ReleaseBlocked {
+        promotion: String,
+        order: String,
+        cause: Box<LedgerError>,
+    },
 }
 
 impl LedgerError {
@@ -190,6 +205,20 @@ impl LedgerError {
         e
     }
 
+    /// `cause` (a corrupt-data error of release.lua) blocks the release of
+    /// `order`'s line on `promotion`. Not counted again: `cause` was.
+    pub(crate) fn release_blocked(
+        promotion: impl Into<String>,
+        order: impl Into<String>,
+        cause: LedgerError,
+    ) -> LedgerError {
+        LedgerError::ReleaseBlocked {
+            promotion: promotion.into(),
+            order: order.into(),
+            cause: Box::new(cause),
+        }
+    }
+
     fn count(&self) {
         crate::metrics::redis_error(self.class().as_str());
     }
@@ -200,11 +229,17 @@ impl LedgerError {
             LedgerError::MalformedReply { .. } => ErrorClass::Reply,
             LedgerError::ConnectTimeout(_) => ErrorClass::Timeout,
             LedgerError::NotDurable { .. } => ErrorClass::Replicas,
+            LedgerError::ReleaseBlocked { .. } => ErrorClass::ReleaseBlocked,
         }
     }
 
     pub fn disposition(&self) -> Disposition {
         self.class().disposition()
+    }
+
+    /// A rejected placement's release waits for corrupt data to be repaired.
+    pub fn is_release_blocked(&self) -> bool {
+        self.class() == ErrorClass::ReleaseBlocked
     }
 
     /// Stored data broke the contract; the script wrote nothing.
@@ -273,6 +308,14 @@ mod tests {
             Disposition::Retry
         );
         assert_eq!(ErrorClass::Corrupt.disposition(), Disposition::Reject);
+        let corrupt = LedgerError::redis("release", reply("CORRUPT promo:{p} stock: 007"));
+        let blocked = LedgerError::release_blocked("p", "o1", corrupt);
+        assert_eq!(blocked.disposition(), Disposition::Retry);
+        assert!(
+            !blocked.is_corrupt(),
+            "a blocked release is not a rejection"
+        );
+        assert!(blocked.to_string().contains("stock: 007"), "{blocked}");
         assert_eq!(ErrorClass::Auth.disposition(), Disposition::Fatal);
         assert_eq!(ErrorClass::BadArg.disposition(), Disposition::Fatal);
         assert_eq!(ErrorClass::Reply.disposition(), Disposition::Fatal);

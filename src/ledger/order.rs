@@ -41,7 +41,7 @@ impl Ledger {
             // here, all at once (one round trip), before the first deduct.
             if let Some((p, reason, duplicate)) = self.stored_rejection(h, &e.lines[1..]).await? {
                 // An earlier delivery may have stopped before releasing.
-                self.release(h, &e.lines).await?;
+                self.release(h, &e.lines, Some(p)).await?;
                 return Ok(rejected(duplicate, reason, p));
             }
         }
@@ -67,14 +67,14 @@ impl Ledger {
                     // Another delivery of this event decided it while this
                     // one was on its way: repeat that decision, whose reason
                     // is stored on the failing line.
-                    self.release(h, &e.lines[..i]).await?;
+                    self.release(h, &e.lines[..i], None).await?;
                     return match self.stored_rejection(h, &e.lines).await? {
                         Some((q, reason, _)) => Ok(rejected(true, reason, q)),
                         None => self.redecide_released(e, i).await,
                     };
                 }
                 LineStatus::Rejected(reason) => {
-                    self.release(h, &e.lines[..i]).await?;
+                    self.release(h, &e.lines[..i], None).await?;
                     return Ok(rejected(reply.duplicate, reason, p));
                 }
             }
@@ -109,12 +109,12 @@ impl Ledger {
             match reply.status {
                 LineStatus::Done | LineStatus::Released => {}
                 LineStatus::Rejected(reason) => {
-                    self.release(h, &e.lines[..j]).await?;
+                    self.release(h, &e.lines[..j], None).await?;
                     return Ok(rejected(reply.duplicate, reason, q));
                 }
             }
         }
-        self.release(h, &e.lines).await?;
+        self.release(h, &e.lines, None).await?;
         Ok(rejected(
             true,
             Reason::OrderReverted,
@@ -242,7 +242,7 @@ impl Ledger {
             Err(err) if err.is_corrupt() => {
                 let p = &line.promotion_id;
                 self.report_corrupt(h, p, &err);
-                self.release(h, &e.lines[..i]).await?;
+                self.release(h, &e.lines[..i], None).await?;
                 Ok(Err(rejected(false, Reason::CorruptPromotion, p)))
             }
             Err(err) => Err(err),
@@ -263,10 +263,27 @@ impl Ledger {
 
     /// Releases what this event deducted on `lines` (no-op where it deducted
     /// nothing) and marks each line's memo `released`, so a slower delivery
-    /// of the event repeats the decision instead of deducting afresh. A line
-    /// with corrupt data is reported and skipped: it keeps its (consistent)
-    /// record, and the other lines are still released.
-    async fn release(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
+    /// of the event repeats the decision instead of deducting afresh.
+    ///
+    /// A line whose release meets corrupt data (release.lua writes nothing
+    /// then) is not skipped: skipping would leave the rejected event holding
+    /// that deduction, which a later refund would then give back. The other
+    /// lines are still released, and the call fails with
+    /// [`LedgerError::ReleaseBlocked`], which the pipeline retries with
+    /// backoff until the data is repaired. The retry repeats the decision:
+    /// the rejection's reason is stored on its line, so it is found again.
+    ///
+    /// The exception is `failing`, the line whose stored reason rejected the
+    /// event (when `lines` includes it): it holds no deduction of the event
+    /// (deduct.lua stores a reason only where it deducts nothing), so corrupt
+    /// data there, its own corrupt memo included, is reported and skipped.
+    async fn release(
+        &self,
+        h: &Header,
+        lines: &[PlaceLine],
+        failing: Option<&Id>,
+    ) -> Result<(), LedgerError> {
+        let mut blocked = None;
         for line in lines {
             let p = &line.promotion_id;
             let call = calls::release(self.keys(), &self.shared.ttl, h, line);
@@ -276,11 +293,34 @@ impl Ledger {
                         tracing::debug!(promotion = %p, order = %h.order_id, "released line");
                     }
                 }
-                Err(err) if err.is_corrupt() => self.report_corrupt(h, p, &err),
+                Err(err) if err.is_corrupt() && failing == Some(p) => {
+                    self.report_corrupt(h, p, &err)
+                }
+                Err(err) if err.is_corrupt() => {
+                    tracing::error!(
+                        promotion = %p,
+                        order = %h.order_id,
+                        event = %h.event_id,
+                        error = %err,
+                        "corrupt promotion data blocks the release of a rejected placement's line; \
+                         the event is retried until the field is repaired (docs/operations.md, DeductorCorruptData)"
+                    );
+                    crate::metrics::corrupt_data();
+                    if blocked.is_none() {
+                        blocked = Some(LedgerError::release_blocked(
+                            p.as_str(),
+                            h.order_id.as_str(),
+                            err,
+                        ));
+                    }
+                }
                 Err(err) => return Err(err),
             }
         }
-        Ok(())
+        match blocked {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
     }
 }
 

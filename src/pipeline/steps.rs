@@ -100,7 +100,7 @@ impl Processor {
             |e: &crate::ledger::LedgerError| e.disposition(),
             |e, delay| {
                 metrics::retry("redis");
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "redis unavailable; retrying");
+                tracing::warn!(error = %e, class = %e.class(), retry_in_ms = delay.as_millis() as u64, "redis step failed; retrying");
             },
             op,
         )

@@ -485,3 +485,92 @@ async fn a_released_event_whose_reason_was_lost_is_decided_again() {
         (true, Reason::PromotionNotFound, "ghost".to_owned())
     );
 }
+
+/// A rejected placement whose release meets corrupt data (found by
+/// `scripts/chaos --long`): a zombie delivery of E deducted `flash` (budget
+/// 29), the data of `flash` is then corrupted, and E is rejected on its
+/// second line. Before the fix the release was reported and skipped: the
+/// rejected event kept its deduction and the order's refund gave it back
+/// (`RollbackApplied 29` for an order the topic says was rejected). Now the
+/// placement fails with a blocked release (the pipeline retries it), and
+/// after the repair it repeats the rejection with nothing held.
+#[tokio::test]
+async fn a_release_that_meets_corrupt_data_waits_for_the_repair() {
+    let r = standalone().await;
+    admin::promo_set(
+        &r.ledger,
+        &id("flash"),
+        spec(Some(100), Some(10), None),
+        false,
+    )
+    .await
+    .unwrap();
+    admin::promo_set(&r.ledger, &id("member"), spec(None, None, Some(1)), false)
+        .await
+        .unwrap();
+    // c1 has used its one `member` order already.
+    accept(&r, "e0", "o0", "c1", T, &[("member", 0, 0)]).await;
+    // The zombie delivery of E got as far as deducting `flash`.
+    let k = r
+        .keys()
+        .deduct_line(&id("flash"), &id("o1"), &id("c1"), &id("e1"));
+    let args = ["29", "0", "1800000000", "e1", "1000", "1000", "c1"]
+        .map(String::from)
+        .to_vec();
+    r.eval(scripts::DEDUCT.body, k.as_vec(), args)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.promo_field("flash", "budget").await.as_deref(),
+        Some("71")
+    );
+    // Then `flash`'s stock is corrupted, and E is delivered again.
+    r.hset(&r.keys().promotion(&id("flash")), &[("stock", "007")])
+        .await;
+    let e = placed("e1", "o1", "c1", T, &[("flash", 29, 0), ("member", 0, 0)]);
+    let err = r.ledger.place(&e).await.unwrap_err();
+    assert!(err.is_release_blocked(), "{err}");
+    assert!(err.to_string().contains("stock: 007"), "{err}");
+    // Nothing of `flash` was written: the deduction is still held.
+    assert_eq!(
+        r.promo_field("flash", "budget").await.as_deref(),
+        Some("71")
+    );
+    assert_eq!(
+        r.hgetall(&k.record).await.get("state").map(String::as_str),
+        Some("deducted")
+    );
+    // Still blocked on a retry before the repair.
+    assert!(r.ledger.place(&e).await.unwrap_err().is_release_blocked());
+
+    // The operator repairs the field; the retry decides as the first delivery would have.
+    r.hset(&r.keys().promotion(&id("flash")), &[("stock", "10")])
+        .await;
+    let d = r.ledger.place(&e).await.unwrap();
+    assert_eq!(
+        rejected(&d),
+        (true, Reason::UserLimitReached, "member".into())
+    );
+    assert_eq!(
+        r.promo_field("flash", "budget").await.as_deref(),
+        Some("100")
+    );
+    assert!(r.hgetall(&k.record).await.is_empty(), "nothing held by E");
+    audit_clean(&r, "flash").await;
+    // The order's refund finds nothing to give back.
+    let d = r
+        .ledger
+        .refund(&refunded(
+            "r1",
+            "o1",
+            "c1",
+            &[("flash", None, None), ("member", None, None)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(line(&d, 0), (Err(Reason::NoDeduction), false, 0, 0));
+    assert_eq!(
+        r.promo_field("flash", "budget").await.as_deref(),
+        Some("100")
+    );
+}

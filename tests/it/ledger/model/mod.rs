@@ -111,6 +111,7 @@ static CASES: AtomicUsize = AtomicUsize::new(0);
 static STEPS: AtomicUsize = AtomicUsize::new(0);
 static REPLAYS: AtomicUsize = AtomicUsize::new(0);
 static ACCEPTED: AtomicUsize = AtomicUsize::new(0);
+static BLOCKED: AtomicUsize = AtomicUsize::new(0);
 
 async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), TestCaseError> {
     let r = standalone().await;
@@ -237,27 +238,41 @@ async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), Te
                 None
             }
         };
+        let mut compared = None;
         if let Some(event) = event {
-            let (got, want) = match &event {
-                Event::Placed(e) => (
-                    Decision::Place(
-                        r.ledger
-                            .place(e)
-                            .await
-                            .map_err(|e| TestCaseError::fail(e.to_string()))?,
-                    ),
-                    Decision::Place(model.place(e)),
-                ),
-                Event::Refunded(e) => (
-                    Decision::Refund(
-                        r.ledger
-                            .refund(e)
-                            .await
-                            .map_err(|e| TestCaseError::fail(e.to_string()))?,
-                    ),
-                    Decision::Refund(model.refund(e)),
-                ),
-            };
+            match &event {
+                Event::Placed(e) => {
+                    let want = model.place(e);
+                    match (r.ledger.place(e).await, want) {
+                        (Ok(got), Some(want)) => {
+                            compared = Some((event, Decision::Place(got), Decision::Place(want)));
+                        }
+                        // A release met corrupt data: the lines that could be
+                        // were released, the event waits to be delivered
+                        // again (the pipeline retries it) after the repair.
+                        (Err(err), None) if err.is_release_blocked() => {
+                            BLOCKED.fetch_add(1, Ordering::Relaxed);
+                            pending.push(e.clone());
+                        }
+                        (got, want) => {
+                            return Err(TestCaseError::fail(format!(
+                                "step {step}: {event:?}: ledger {got:?}, model {want:?}"
+                            )));
+                        }
+                    }
+                }
+                Event::Refunded(e) => {
+                    let got = r
+                        .ledger
+                        .refund(e)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let want = model.refund(e);
+                    compared = Some((event, Decision::Refund(got), Decision::Refund(want)));
+                }
+            }
+        }
+        if let Some((event, got, want)) = compared {
             prop_assert_eq!(&got, &want, "step {}: {:?}", step, event);
             if matches!(got, Decision::Place(PlaceDecision::Accepted { .. })) {
                 ACCEPTED.fetch_add(1, Ordering::Relaxed);
@@ -453,11 +468,12 @@ fn run_model(batch_max_lines: usize, fewer: u32) {
         rt.block_on(run_case(actions, batch_max_lines))
     });
     println!(
-        "ledger model: {} cases passed, {} steps, {} replays, {} accepted placements (configured cases: {cases})",
+        "ledger model: {} cases passed, {} steps, {} replays, {} accepted placements, {} releases blocked by corrupt data (configured cases: {cases})",
         CASES.load(Ordering::Relaxed),
         STEPS.load(Ordering::Relaxed),
         REPLAYS.load(Ordering::Relaxed),
         ACCEPTED.load(Ordering::Relaxed),
+        BLOCKED.load(Ordering::Relaxed),
     );
     if let Err(e) = result {
         panic!("{e}");

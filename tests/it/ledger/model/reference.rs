@@ -263,11 +263,13 @@ impl Model {
         line(Ok(()), false, b, s)
     }
 
-    /// release.lua; a line whose promotion is corrupt is skipped whole
-    /// (the script refuses before writing anything, the ledger moves on).
-    pub(super) fn release(&mut self, p: usize, o: usize, c: usize, e: &str) {
+    /// release.lua; false when the line's promotion is corrupt: the script
+    /// refuses before writing anything, and the ledger's release is blocked
+    /// (the event is retried once the data is repaired).
+    #[must_use]
+    pub(super) fn release(&mut self, p: usize, o: usize, c: usize, e: &str) -> bool {
         if self.corrupt(p) {
-            return;
+            return false;
         }
         let key = (p, e.to_owned());
         if !self.rejected.contains_key(&key) {
@@ -275,20 +277,20 @@ impl Model {
             self.released.insert(key);
         }
         let Some(rec) = self.records.get_mut(&(p, o)) else {
-            return;
+            return true;
         };
         let absorbed = rec.absorbed.clone();
         if absorbed.as_deref() == Some(e) {
             rec.absorbed = None;
         }
         if rec.reverted || rec.event.as_deref() != Some(e) {
-            return;
+            return true;
         }
         if let Some(a) = absorbed {
             // Handed over to the event absorbed into it.
             rec.event = Some(a);
             rec.absorbed = None;
-            return;
+            return true;
         }
         let rec = rec.clone();
         if let Some(pr) = self.promos.get_mut(&p) {
@@ -312,9 +314,12 @@ impl Model {
             r.stock = 0;
             r.event = None;
         }
+        true
     }
 
-    pub(super) fn place(&mut self, e: &OrderPlaced) -> PlaceDecision {
+    /// The ledger's decision, or None when a release met corrupt data: the
+    /// other lines are released and the event is to be retried later.
+    pub(super) fn place(&mut self, e: &OrderPlaced) -> Option<PlaceDecision> {
         let h = &e.header;
         let (o, c, ev) = (
             oidx(h.order_id.as_str()),
@@ -334,14 +339,14 @@ impl Model {
             // (nothing of the event was deducted before its first line);
             // the other lines' are looked up before anything is deducted.
             if let Some((i, r)) = stored(self, 1) {
-                for q in &ps {
-                    self.release(*q, o, c, ev);
+                if !self.release_all(&ps, o, c, ev, Some(i)) {
+                    return None;
                 }
-                return PlaceDecision::Rejected {
+                return Some(PlaceDecision::Rejected {
                     duplicate: true,
                     reason: r,
                     promotion_id: e.lines[i].promotion_id.clone(),
-                };
+                });
             }
         }
         let mut lines = Vec::new();
@@ -360,32 +365,50 @@ impl Model {
                     });
                 }
                 Err(_) if released => {
-                    for q in &ps[..i] {
-                        self.release(*q, o, c, ev);
+                    if !self.release_all(&ps[..i], o, c, ev, None) {
+                        return None;
                     }
                     let (j, reason) = stored(self, 0).unwrap_or((i, Reason::OrderReverted));
-                    return PlaceDecision::Rejected {
+                    return Some(PlaceDecision::Rejected {
                         duplicate: true,
                         reason,
                         promotion_id: e.lines[j].promotion_id.clone(),
-                    };
+                    });
                 }
                 Err(reason) => {
-                    for q in &ps[..i] {
-                        self.release(*q, o, c, ev);
+                    if !self.release_all(&ps[..i], o, c, ev, None) {
+                        return None;
                     }
-                    return PlaceDecision::Rejected {
+                    return Some(PlaceDecision::Rejected {
                         duplicate: r.duplicate,
                         reason,
                         promotion_id: l.promotion_id.clone(),
-                    };
+                    });
                 }
             }
         }
-        PlaceDecision::Accepted {
+        Some(PlaceDecision::Accepted {
             duplicate: all_dup,
             lines,
+        })
+    }
+
+    /// The ledger's release of `ps` in line order: every line that can be
+    /// released is; false when one met corrupt data, except on `failing`,
+    /// the line whose stored reason rejected the event (it holds nothing).
+    fn release_all(
+        &mut self,
+        ps: &[usize],
+        o: usize,
+        c: usize,
+        e: &str,
+        failing: Option<usize>,
+    ) -> bool {
+        let mut done = true;
+        for (i, q) in ps.iter().enumerate() {
+            done &= self.release(*q, o, c, e) || failing == Some(i);
         }
+        done
     }
 
     /// A delivery that deducts the first `upto` lines and dies.
