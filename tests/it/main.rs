@@ -37,6 +37,7 @@ mod ops {
 mod service {
     mod consumer_e2e;
     mod consumer_faults;
+    mod corrupt_release;
     mod hostile_input;
     mod metrics;
     mod outages;
