@@ -4,6 +4,7 @@
 //! Requests are built apart from sending them ([`DeadLetter`], `Outcome`),
 //! so the pipeline decides what to send and this module only sends.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -176,6 +177,12 @@ pub struct Publisher {
     /// Set once in `exactly_once` mode ([`Publisher::start_transactions`]).
     txn: Arc<OnceLock<Arc<Transactions>>>,
     fatal: Arc<FatalSlot>,
+    /// `exactly_once`: the source records (topic, partition, offset) whose
+    /// whole dead letter the broker refused as too large after it was
+    /// queued. That dooms the transaction, and the event is redone after
+    /// the rewind: the redo sends it truncated at once (see
+    /// [`Publisher::send_dead_letter`]). An entry goes once that is acked.
+    cut_on_redo: Arc<Mutex<HashSet<(String, i32, i64)>>>,
     outcome_topic: String,
     dlq_topic: String,
     group_id: String,
@@ -202,6 +209,7 @@ impl Publisher {
             producer,
             txn: Arc::new(OnceLock::new()),
             fatal,
+            cut_on_redo: Arc::default(),
             outcome_topic: k.outcome_topic.clone(),
             dlq_topic: k.dlq_topic.clone(),
             group_id: k.group_id.clone(),
@@ -333,31 +341,66 @@ impl Publisher {
     /// sizes in headers: refusing it would stop the partition on that
     /// offset for good (the size error is fatal, so the service would exit
     /// and crash-loop on it).
+    ///
+    /// In `exactly_once` mode a refusal by the broker comes after the record
+    /// was queued in the transaction, which is then doomed: nothing more can
+    /// be sent in it. The source offset is remembered, and the redo of the
+    /// event after the rewind sends the dead letter truncated at once
+    /// (otherwise every redo would be refused again and the pod would stop
+    /// making progress).
     pub async fn send_dead_letter(&self, d: &DeadLetter<'_>) -> Result<(), PublishError> {
+        let at = (d.source.topic.clone(), d.source.partition, d.source.offset);
+        if self.cut_set().contains(&at) {
+            let sent = self
+                .send_truncated(d, "refused whole in an aborted transaction")
+                .await;
+            if sent.is_ok() {
+                self.cut_set().remove(&at);
+            }
+            return sent;
+        }
         match self.send_dead_letter_as(d, false).await {
-            Err(e) if too_large(&e.source) => {
-                let size = |b: Option<&[u8]>| b.map_or(0, <[u8]>::len);
+            Err(e) if too_large(&e.source) && e.stale => {
                 tracing::warn!(
                     topic = %self.dlq_topic,
-                    value_bytes = size(d.payload),
-                    key_bytes = size(d.key),
-                    kept_bytes = TRUNCATED_BYTES,
                     error = %e.source,
-                    "dead letter too large for Kafka: sending it truncated"
+                    "dead letter refused as too large inside the transaction: \
+                     the transaction is aborted and the redo sends it truncated"
                 );
-                self.send_dead_letter_as(d, true).await.inspect_err(|e| {
-                    if too_large(&e.source) {
-                        tracing::error!(
-                            topic = %self.dlq_topic,
-                            error = %e.source,
-                            "the dead-letter topic refuses even a truncated dead letter: \
-                             its max.message.bytes must be at least 2 x {TRUNCATED_BYTES} plus headers"
-                        );
-                    }
-                })
+                self.cut_set().insert(at);
+                Err(e)
             }
+            Err(e) if too_large(&e.source) => self.send_truncated(d, &e.source.to_string()).await,
             r => r,
         }
+    }
+
+    fn cut_set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, i32, i64)>> {
+        self.cut_on_redo.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The dead letter cut to [`TRUNCATED_BYTES`], after the whole one was
+    /// refused for its size (`why`).
+    async fn send_truncated(&self, d: &DeadLetter<'_>, why: &str) -> Result<(), PublishError> {
+        let size = |b: Option<&[u8]>| b.map_or(0, <[u8]>::len);
+        tracing::warn!(
+            topic = %self.dlq_topic,
+            value_bytes = size(d.payload),
+            key_bytes = size(d.key),
+            kept_bytes = TRUNCATED_BYTES,
+            error = %why,
+            "dead letter too large for Kafka: sending it truncated"
+        );
+        self.send_dead_letter_as(d, true).await.inspect_err(|e| {
+            if too_large(&e.source) {
+                tracing::error!(
+                    topic = %self.dlq_topic,
+                    error = %e.source,
+                    "the dead-letter topic refuses even a truncated dead letter: \
+                     its max.message.bytes must be at least 2 x {TRUNCATED_BYTES} plus headers"
+                );
+            }
+        })
     }
 
     /// One attempt: whole, or with key and value cut to [`TRUNCATED_BYTES`].

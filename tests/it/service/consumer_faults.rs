@@ -299,8 +299,9 @@ fn event(order_id: &str) -> serde_json::Value {
 /// are dead-lettered, whole when the producer and the dead-letter topic
 /// take them, else truncated with headers saying so, and the partition
 /// moves on: the events after them are decided and everything is committed.
-/// `producer` is the service's `message.max.bytes` (None: its default).
-async fn oversized_records_are_dead_lettered(label: &str, producer: Option<&str>) {
+/// `extra`: the service's settings (its producer's `message.max.bytes`,
+/// its delivery mode).
+async fn oversized_records_are_dead_lettered(label: &str, extra: &[(&str, &str)]) {
     const WHOLE: usize = 1_040_000;
     const CUT: usize = 1_500_000;
     let f = Fixture::new(label, 1).await;
@@ -322,11 +323,7 @@ async fn oversized_records_are_dead_lettered(label: &str, producer: Option<&str>
         .collect();
     kafka::produce_raw_with(&kafka::large_producer(), &f.topics.input, &raws).await;
 
-    let extra: Vec<(&str, &str)> = producer
-        .map(|p| ("kafka.producer.message.max.bytes", p))
-        .into_iter()
-        .collect();
-    let mut svc = service::start(f.settings(&extra));
+    let mut svc = service::start(f.settings(extra));
     let alive = |s: &service::InProcess| assert!(!s.is_finished(), "the service stopped");
     // Every event has an outcome: the valid ones a decision, the big ones an
     // invalid_event rejection.
@@ -411,7 +408,7 @@ async fn oversized_records_are_dead_lettered(label: &str, producer: Option<&str>
 /// producer's `message.max.bytes`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_above_the_producer_limit_are_dead_lettered_and_the_partition_moves_on() {
-    oversized_records_are_dead_lettered("bigrec", None).await;
+    oversized_records_are_dead_lettered("bigrec", &[]).await;
 }
 
 /// The service's producer takes 4 MB: the 1.5 MB record is refused by the
@@ -419,7 +416,29 @@ async fn records_above_the_producer_limit_are_dead_lettered_and_the_partition_mo
 /// idempotent producer goes on after that refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_the_dead_letter_topic_refuses_are_dead_lettered_truncated() {
-    oversized_records_are_dead_lettered("bigrecbroker", Some("4000000")).await;
+    oversized_records_are_dead_lettered(
+        "bigrecbroker",
+        &[("kafka.producer.message.max.bytes", "4000000")],
+    )
+    .await;
+}
+
+/// The same in `exactly_once` mode: the broker's refusal comes after the
+/// whole dead letter was queued in the transaction, which is aborted; the
+/// redo after the rewind must send it truncated (before the fix every redo
+/// was refused again and the partition never moved on). The readers are
+/// `read_committed`: one outcome per record, one dead letter per big one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_dead_letters_the_topic_refuses_are_sent_truncated_on_the_redo() {
+    oversized_records_are_dead_lettered(
+        "bigreceos",
+        &[
+            ("kafka.producer.message.max.bytes", "4000000"),
+            ("kafka.delivery", "exactly_once"),
+            ("kafka.transaction_interval_ms", "100"),
+        ],
+    )
+    .await;
 }
 
 /// `kafka.delivery = "exactly_once"`: the crash loop of SIGKILLs again, with
