@@ -12,7 +12,7 @@
 //! connection, after the order's own writes). [`super::connect`] decides.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fred::prelude::{Pool, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -85,20 +85,17 @@ async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duratio
     let (calls, replies): (Vec<Call>, Vec<_>) =
         batch.into_iter().map(|p| (p.call, p.reply)).unzip();
     let call = calls::deduct_batch(&calls);
+    let script = call.script.name;
     let n = replies.len();
-    let start = Instant::now();
-    let result = scripts::eval(client, call.script, call.keys, call.args).await;
-    let took = start.elapsed();
-    crate::metrics::script_duration(call.script.name, took.as_secs_f64());
+    let (result, slow) = scripts::eval_timed(client, call, slow).await;
     crate::metrics::batch_lines(n);
-    if took > slow {
+    if let Some(took) = slow {
         tracing::warn!(
-            script = call.script.name,
+            script,
             lines = n,
             elapsed_ms = took.as_millis() as u64,
             "slow Redis script"
         );
-        crate::metrics::slow_script(call.script.name);
     }
     match result {
         Ok(Value::Array(items)) if items.len() == n => {

@@ -24,7 +24,7 @@ pub mod store;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fred::prelude::{Client, ClientLike, LuaInterface, Pool, Value};
 
@@ -119,22 +119,18 @@ impl Ledger {
         p: &Id,
     ) -> Result<Value, LedgerError> {
         let script = call.script;
-        let start = Instant::now();
         let client = match order {
             Some(o) => self.connection(o),
             None => self.pool.next(),
         };
-        let result = scripts::eval(client, script, call.keys, call.args).await;
-        let took = start.elapsed();
-        crate::metrics::script_duration(script.name, took.as_secs_f64());
-        if took > self.shared.slow_script {
+        let (result, slow) = scripts::eval_timed(client, call, self.shared.slow_script).await;
+        if let Some(took) = slow {
             tracing::warn!(
                 script = script.name,
                 promotion = %p,
                 elapsed_ms = took.as_millis() as u64,
                 "slow Redis script"
             );
-            crate::metrics::slow_script(script.name);
         }
         result.map_err(|e| LedgerError::redis(script.name, e))
     }

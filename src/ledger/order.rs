@@ -317,10 +317,7 @@ impl Ledger {
                 Err(err) => return Err(err),
             }
         }
-        match blocked {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        blocked.map_or(Ok(()), Err)
     }
 }
 

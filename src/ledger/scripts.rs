@@ -124,6 +124,29 @@ pub fn all() -> [&'static Script; 10] {
     ]
 }
 
+/// Runs `call` on `client` and records its duration
+/// (`deductor_script_duration_seconds`); when it took longer than `slow`,
+/// also counts it as slow and returns how long it took, for the caller's
+/// warning (which names what the call was for).
+pub(crate) async fn eval_timed(
+    client: &Client,
+    call: super::calls::Call,
+    slow: std::time::Duration,
+) -> (
+    Result<Value, fred::error::Error>,
+    Option<std::time::Duration>,
+) {
+    let start = std::time::Instant::now();
+    let result = eval(client, call.script, call.keys, call.args).await;
+    let took = start.elapsed();
+    crate::metrics::script_duration(call.script.name, took.as_secs_f64());
+    let slow = (took > slow).then(|| {
+        crate::metrics::slow_script(call.script.name);
+        took
+    });
+    (result, slow)
+}
+
 /// EVALSHA, falling back to EVAL on `NOSCRIPT`.
 pub(crate) async fn eval(
     client: &Client,

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use deductor::config::RedisSettings;
 use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
 use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
-use deductor::domain::keys::Keys;
+use deductor::domain::keys::{Keys, LineKeys};
 use deductor::ledger::Ledger;
 use fred::prelude::*;
 
@@ -294,6 +294,37 @@ impl TestRedis {
     pub async fn promo_field(&self, p: &str, field: &str) -> Option<String> {
         let key = self.keys().promotion(&id(p));
         self.pool().hget(key, field).await.unwrap()
+    }
+
+    /// A delivery of placement event `e` (order `o`, customer `c`, at unix
+    /// time `t`) that ran deduct.lua on its line of promotion `p` (`budget`,
+    /// `stock`; TTLs of 1000 s) and then died: the line's keys.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn zombie_deduct(
+        &self,
+        p: &str,
+        o: &str,
+        c: &str,
+        e: &str,
+        t: i64,
+        budget: u64,
+        stock: u64,
+    ) -> LineKeys {
+        let k = self.keys().deduct_line(&id(p), &id(o), &id(c), &id(e));
+        let args = [
+            budget.to_string(),
+            stock.to_string(),
+            t.to_string(),
+            e.to_owned(),
+            "1000".to_owned(),
+            "1000".to_owned(),
+            c.to_owned(),
+        ]
+        .to_vec();
+        self.eval(deductor::ledger::scripts::DEDUCT.body, k.as_vec(), args)
+            .await
+            .unwrap();
+        k
     }
 
     /// Runs a script body with EVAL, bypassing the ledger.

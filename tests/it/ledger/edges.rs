@@ -9,7 +9,7 @@ use crate::common::redis::*;
 use deductor::admin::audit;
 use deductor::admin::{self, PromoSpec};
 use deductor::domain::decision::{PlaceDecision, Reason};
-use deductor::ledger::{scripts, Ledger};
+use deductor::ledger::Ledger;
 
 const T: i64 = 1_800_000_000;
 
@@ -118,15 +118,7 @@ async fn a_rejected_event_hands_its_record_to_an_absorbed_event_instead_of_relea
         .unwrap();
     r.seed("p2", &[("stock", "1e3")]).await;
     // The zombie delivery of E got as far as deducting p1.
-    let k = r
-        .keys()
-        .deduct_line(&id("p1"), &id("o1"), &id("c1"), &id("e1"));
-    let args = ["0", "1", "1800000000", "e1", "1000", "1000", "c1"]
-        .map(String::from)
-        .to_vec();
-    r.eval(scripts::DEDUCT.body, k.as_vec(), args)
-        .await
-        .unwrap();
+    let k = r.zombie_deduct("p1", "o1", "c1", "e1", T, 0, 1).await;
     // E2, another placement of the order, is absorbed: accepted.
     let e2 = placed("e2", "o1", "c1", T, &[("p1", 0, 1)]);
     assert!(is_accepted(&r.ledger.place(&e2).await.unwrap()));
@@ -511,15 +503,7 @@ async fn a_release_that_meets_corrupt_data_waits_for_the_repair() {
     // c1 has used its one `member` order already.
     accept(&r, "e0", "o0", "c1", T, &[("member", 0, 0)]).await;
     // The zombie delivery of E got as far as deducting `flash`.
-    let k = r
-        .keys()
-        .deduct_line(&id("flash"), &id("o1"), &id("c1"), &id("e1"));
-    let args = ["29", "0", "1800000000", "e1", "1000", "1000", "c1"]
-        .map(String::from)
-        .to_vec();
-    r.eval(scripts::DEDUCT.body, k.as_vec(), args)
-        .await
-        .unwrap();
+    let k = r.zombie_deduct("flash", "o1", "c1", "e1", T, 29, 0).await;
     assert_eq!(
         r.promo_field("flash", "budget").await.as_deref(),
         Some("71")

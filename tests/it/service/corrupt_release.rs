@@ -9,7 +9,6 @@ use std::time::Duration;
 use crate::common::{kafka, redis, service};
 use deductor::admin::PromoSpec;
 use deductor::domain::event::Id;
-use deductor::ledger::scripts;
 use serde_json::json;
 
 const PLACED_AT: &str = "2026-11-29T10:00:00Z";
@@ -36,15 +35,8 @@ async fn a_release_blocked_by_corrupt_data_holds_the_event_until_the_repair() {
     let used = store.keys().used(&id("member"), &id("c1"));
     store.set(&used, "1").await;
     let k = store
-        .keys()
-        .deduct_line(&id("flash"), &id("o1"), &id("c1"), &id("e1"));
-    let args = ["29", "0", "1795946400", "e1", "1000", "1000", "c1"]
-        .map(String::from)
-        .to_vec();
-    store
-        .eval(scripts::DEDUCT.body, k.as_vec(), args)
-        .await
-        .unwrap();
+        .zombie_deduct("flash", "o1", "c1", "e1", 1_795_946_400, 29, 0)
+        .await;
     // Then `flash`'s stock is corrupted.
     let promo = store.keys().promotion(&id("flash"));
     store.hset(&promo, &[("stock", "007")]).await;

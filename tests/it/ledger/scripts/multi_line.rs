@@ -88,15 +88,7 @@ async fn multi_line_replay_finishes_a_release_a_crash_interrupted() {
     r.seed("b", &[("budget", "100")]).await;
     let start = r.dump().await;
     // The first delivery deducted a, stored b's rejection, then crashed.
-    let k = r
-        .keys()
-        .deduct_line(&id("a"), &id("o1"), &id("c"), &id("e1"));
-    let args = ["10", "0", "1800000000", "e1", "1000", "1000", "c"]
-        .map(String::from)
-        .to_vec();
-    r.eval(scripts::DEDUCT.body, k.as_vec(), args)
-        .await
-        .unwrap();
+    let k = r.zombie_deduct("a", "o1", "c", "e1", T, 10, 0).await;
     let memo = r.keys().rejected(&id("b"), &id("e1"));
     r.set(&memo, "budget_exceeded").await;
 
