@@ -216,6 +216,19 @@ pub fn read_live(
     want: usize,
     timeout: Duration,
 ) -> anyhow::Result<Vec<OutcomeRec>> {
+    read_live_with(brokers, topic, partitions, prefix, want, timeout, |_| {})
+}
+
+/// [`read_live`], calling `seen(n)` each time the n-th outcome arrived.
+pub fn read_live_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    prefix: &str,
+    want: usize,
+    timeout: Duration,
+    mut seen: impl FnMut(usize),
+) -> anyhow::Result<Vec<OutcomeRec>> {
     let c = reader(brokers, topic, partitions)?;
     let deadline = Instant::now() + timeout;
     let mut out = Vec::with_capacity(want);
@@ -226,6 +239,7 @@ pub fn read_live(
                 if let Some(mut o) = o.filter(|o| o.event_id.starts_with(prefix)) {
                     o.seen_ms = unix_ms();
                     out.push(o);
+                    seen(out.len());
                 }
             }
             Some(Err(e)) => bail!("reading {topic}: {e}"),

@@ -21,6 +21,7 @@ mod kafka;
 mod proc;
 mod redis;
 mod report;
+mod spring;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -71,13 +72,28 @@ pub struct Opts {
     /// Calls of each redis-benchmark run (default: --events).
     #[arg(long)]
     ceiling_requests: Option<u64>,
-    /// Parts to run, comma separated: ceiling,spread,hot,baseline,latency.
+    /// Parts to run, comma separated:
+    /// ceiling,spread,hot,baseline,latency,spring,spring-record.
     #[arg(
         long,
-        default_value = "ceiling,spread,hot,baseline,latency",
+        default_value = "ceiling,spread,hot,baseline,latency,spring,spring-record",
         value_delimiter = ','
     )]
     only: Vec<String>,
+    /// The Spring comparison service's jar (tools/bench/spring, built by
+    /// scripts/bench); the spring parts need it.
+    #[arg(long)]
+    spring_jar: Option<PathBuf>,
+    /// The java of the Spring service.
+    #[arg(long, default_value = "java")]
+    java: PathBuf,
+    /// Consumer threads of the Spring services (default: one per
+    /// partition, which gave the batch listener its best rate here).
+    #[arg(long)]
+    spring_concurrency: Option<u32>,
+    /// Events of each Spring run (default: --events).
+    #[arg(long)]
+    spring_events: Option<u64>,
     /// Extra settings for every deductor run (SECTION.KEY=VALUE, repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     sets: Vec<String>,
@@ -644,6 +660,24 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         };
         let nl = ctx.opts.latency_events.unwrap_or(n / 2);
         report.latency = Some(latency(ctx, "latency", rate, nl, &[]).await?);
+    }
+    for mode in [spring::Mode::Batch, spring::Mode::Record] {
+        let part = match mode {
+            spring::Mode::Batch => "spring",
+            spring::Mode::Record => "spring-record",
+        };
+        if !ctx.wants(part) {
+            continue;
+        }
+        let Some(jar) = ctx.opts.spring_jar.clone() else {
+            bail!("the {part} part needs --spring-jar (scripts/bench builds it), or leave it out of --only");
+        };
+        let ns = ctx.opts.spring_events.unwrap_or(n);
+        let run = spring::throughput(ctx, &jar, mode, ns).await?;
+        match mode {
+            spring::Mode::Batch => report.spring_batch = Some(run),
+            spring::Mode::Record => report.spring_record = Some(run),
+        }
     }
     if ctx.wants("ceiling") {
         report.references.push(reference_ceiling(ctx).await?);

@@ -134,6 +134,10 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Child {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
     pub fn finished(&self) -> bool {
         self.waiter.is_finished()
     }

@@ -198,6 +198,25 @@ impl Redis {
             .await
     }
 
+    /// A clean database with the reference script's counters of
+    /// `promotions` (`budget:{P}`, `stock:{P}`; unlimited = 10^15), for the
+    /// Spring comparison service, which runs that script.
+    pub async fn reset_reference(&self, promotions: &[Promotion]) -> anyhow::Result<()> {
+        self.reset(&[]).await?;
+        const UNLIMITED: u64 = 1_000_000_000_000_000;
+        let mut args = Vec::with_capacity(promotions.len() * 4);
+        for p in promotions {
+            args.push(format!("budget:{{{}}}", p.id));
+            args.push(p.budget.unwrap_or(UNLIMITED).to_string());
+            args.push(format!("stock:{{{}}}", p.id));
+            args.push(p.stock.unwrap_or(UNLIMITED).to_string());
+        }
+        if !args.is_empty() {
+            self.run("MSET", args).await?;
+        }
+        Ok(())
+    }
+
     /// Runs `redis-benchmark` with EVALSHA `sha` and `keys_args` (its
     /// `__rand_int__` placeholders make each call's keys unique); returns
     /// calls per second and the time per call inside Redis.

@@ -102,6 +102,10 @@ pub struct Report {
     pub hot: Option<Run>,
     pub baseline: Option<Run>,
     pub latency: Option<Latency>,
+    /// Issue 14's Spring comparison service on the spread backlog: the
+    /// batch-tuned listener and the one-record-at-a-time one.
+    pub spring_batch: Option<Run>,
+    pub spring_record: Option<Run>,
     /// A --variant comparison (then the parts above are not run).
     pub comparison: Option<crate::compare::Comparison>,
 }
@@ -116,6 +120,10 @@ fn mean(c: &[Ceiling]) -> Option<f64> {
 /// Issue 14's goals against the reference script's ceiling.
 const REFERENCE_SPREAD_TARGET: f64 = 1.0;
 const REFERENCE_HOT_TARGET: f64 = 1.5;
+/// Issue 14's goals against the batch-tuned Spring service: at least 3x its
+/// throughput at no more than 1/8 of its peak RSS.
+const SPRING_THROUGHPUT_TARGET: f64 = 3.0;
+const SPRING_RSS_TARGET: f64 = 1.0 / 8.0;
 
 fn ceilings<S: serde::Serializer>(c: &[Ceiling], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;
@@ -181,6 +189,8 @@ impl Report {
             hot: None,
             baseline: None,
             latency: None,
+            spring_batch: None,
+            spring_record: None,
             comparison: None,
         }
     }
@@ -347,6 +357,7 @@ impl Report {
                 l.visible_ms[0], l.visible_ms[1],
             );
         }
+        self.spring_rows(&mut s);
         let runs: Vec<&Run> = [&self.spread, &self.hot, &self.baseline]
             .into_iter()
             .flatten()
@@ -409,7 +420,8 @@ impl Report {
             );
         }
         s.push('\n');
-        for r in &runs {
+        let springs = [&self.spring_batch, &self.spring_record];
+        for r in runs.iter().copied().chain(springs.into_iter().flatten()) {
             let tally: Vec<String> = r.tally.iter().map(|(k, v)| format!("{k}: {v}")).collect();
             let _ = writeln!(
                 s,
@@ -422,5 +434,139 @@ impl Report {
             );
         }
         s
+    }
+
+    /// Issue 14's Spring comparison: the services' own figures, then
+    /// deductor's spread run over each.
+    fn spring_rows(&self, s: &mut String) {
+        for (r, what) in [
+            (
+                &self.spring_batch,
+                "batch listener, one pipelined round trip per poll, asynchronous sends",
+            ),
+            (
+                &self.spring_record,
+                "one record at a time, blocking calls and sends",
+            ),
+        ] {
+            let Some(r) = r else { continue };
+            let _ = writeln!(
+                s,
+                "| Spring Kafka + RedisTemplate running the reference script ({what}), spread, {} events | {:.0} events/s; {:.3} CPU s per 1,000 events; peak RSS {:.1} MiB; {:.2} script calls and {:.1} µs inside Redis per event; CPU per event of the JVM / Redis / broker {:.0} / {:.0} / {:.0} µs (first to last outcome) | | | | |",
+                r.events,
+                r.events_per_s,
+                r.cpu_per_1k,
+                r.max_rss_mib,
+                r.script_calls_per_event,
+                r.redis_usec_per_event,
+                r.cpu_s / r.events as f64 * 1e6,
+                r.redis_cpu_share * r.wall_s / r.events as f64 * 1e6,
+                r.kafka_cpu_share * r.wall_s / r.events as f64 * 1e6,
+            );
+        }
+        let Some(d) = &self.spread else { return };
+        let met = |ok: bool| if ok { "yes" } else { "**no**" };
+        for (r, name, goal) in [
+            (&self.spring_batch, "the batch-tuned Spring service", true),
+            (
+                &self.spring_record,
+                "the one-record-at-a-time Spring service",
+                false,
+            ),
+        ] {
+            let Some(r) = r else { continue };
+            let q = d.events_per_s / r.events_per_s;
+            let m = d.max_rss_mib / r.max_rss_mib;
+            let (t_target, t_met, m_target, m_met) = if goal {
+                (
+                    format!(">= {SPRING_THROUGHPUT_TARGET:.0}x"),
+                    met(q >= SPRING_THROUGHPUT_TARGET),
+                    "<= 1/8 (0.125x)".to_owned(),
+                    met(m <= SPRING_RSS_TARGET),
+                )
+            } else {
+                (String::new(), "", String::new(), "")
+            };
+            let _ = writeln!(
+                s,
+                "| spread throughput over {name} (issue 14) | {:.0} events/s | {:.0} events/s | {q:.2}x | {t_target} | {t_met} |",
+                d.events_per_s, r.events_per_s,
+            );
+            let _ = writeln!(
+                s,
+                "| peak RSS of deductor (spread) over {name}'s | {:.1} MiB | {:.1} MiB | {m:.3}x | {m_target} | {m_met} |",
+                d.max_rss_mib, r.max_rss_mib,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(label: &str, events_per_s: f64, max_rss_mib: f64) -> Run {
+        Run {
+            label: label.to_owned(),
+            workload: "spread".to_owned(),
+            settings: Vec::new(),
+            events: 1_000,
+            refunds: 0,
+            preload_s: 0.0,
+            outcomes: 1_000,
+            duplicates: 0,
+            span_s: 1.0,
+            events_per_s,
+            wall_s: 1.0,
+            events_per_s_wall: events_per_s,
+            cpu_s: 0.1,
+            cpu_per_1k: 0.1,
+            max_rss_mib,
+            script_calls: 1_000,
+            script_calls_per_event: 1.0,
+            redis_usec_per_event: 10.0,
+            redis_busy: 0.5,
+            redis_cpu_share: 0.5,
+            kafka_cpu_share: 0.2,
+            tally: BTreeMap::new(),
+        }
+    }
+
+    fn row<'a>(md: &'a str, start: &str) -> &'a str {
+        md.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no row starting {start:?} in:\n{md}"))
+    }
+
+    #[test]
+    fn the_spring_rows_give_deductor_over_each_service_against_issue_14s_goals() {
+        let mut r = Report::start(Path::new("deductor"), 1_000, 12);
+        r.spread = Some(run("spread", 9_000.0, 50.0));
+        r.spring_batch = Some(run("spring-batch", 3_000.0, 400.0));
+        r.spring_record = Some(run("spring-record", 6_000.0, 300.0));
+        let md = r.markdown();
+        let batch = row(
+            &md,
+            "| spread throughput over the batch-tuned Spring service",
+        );
+        assert!(batch.contains("| 3.00x | >= 3x | yes |"), "{batch}");
+        let rss = row(&md, "| peak RSS of deductor (spread) over the batch-tuned");
+        assert!(rss.contains("| 0.125x | <= 1/8 (0.125x) | yes |"), "{rss}");
+        let record = row(&md, "| spread throughput over the one-record-at-a-time");
+        assert!(record.contains("| 1.50x |  |  |"), "{record}");
+
+        r.spring_batch = Some(run("spring-batch", 4_000.0, 300.0));
+        let md = r.markdown();
+        let batch = row(
+            &md,
+            "| spread throughput over the batch-tuned Spring service",
+        );
+        assert!(batch.contains("| 2.25x | >= 3x | **no** |"), "{batch}");
+        let rss = row(&md, "| peak RSS of deductor (spread) over the batch-tuned");
+        assert!(
+            rss.contains("| 0.167x | <= 1/8 (0.125x) | **no** |"),
+            "{rss}"
+        );
+        assert!(md.contains("- spring-batch outcomes"), "{md}");
     }
 }

@@ -1,0 +1,182 @@
+//! Issue 14's Spring comparison: the spread backlog drained by a Spring
+//! Kafka + RedisTemplate service (`tools/bench/spring`) that runs the
+//! reference script (`reference.lua`) per promotion line, on the same broker
+//! and Redis, in the same run as deductor.
+//!
+//! The service has no drain detection, so the bench reads its outcomes as
+//! they arrive and stops it (SIGTERM) once every event has one. Its CPU is
+//! counted between the first and the last outcome, so the JVM's start is
+//! left out (deductor's figure includes its start); its peak RSS is the
+//! whole process's, like deductor's.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use crate::proc::{self, Usage};
+use crate::report::Run;
+use crate::workload::{self, Generator, Workload};
+use crate::{blocking, kafka, summarize, Ctx};
+
+/// How the Spring service consumes (`bench.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A batch listener: one pipelined round trip for every line of a poll,
+    /// asynchronous sends awaited together, then the commit.
+    Batch,
+    /// One record at a time: a script call per line, a blocking send.
+    Record,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Batch => "batch",
+            Mode::Record => "record",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Batch => "spring-batch",
+            Mode::Record => "spring-record",
+        }
+    }
+}
+
+/// CPU seconds of the service, Redis and the broker at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: Instant,
+    service: f64,
+    redis: f64,
+    kafka: f64,
+}
+
+impl Mark {
+    fn now(service: i32, redis: Option<i32>, kafka: Option<i32>) -> Mark {
+        Mark {
+            at: Instant::now(),
+            service: proc::cpu_seconds(Some(service)),
+            redis: proc::cpu_seconds(redis),
+            kafka: proc::cpu_seconds(kafka),
+        }
+    }
+}
+
+/// One run of the Spring service over a fresh spread backlog of `n` events.
+pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow::Result<Run> {
+    let label = mode.label();
+    let w = Workload::Spread;
+    let tag = format!("{}-{label}", ctx.stamp);
+    eprintln!("bench: {label}: preloading {n} {} events", w.name());
+    let (input, out, _dlq) = ctx.topics(&tag, false).await?;
+    ctx.redis
+        .reset_reference(&workload::promotions(w, ctx.opts.flash_stock))
+        .await?;
+    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), input.clone(), tag.clone());
+    let t = Instant::now();
+    let refunds = blocking(move || {
+        let mut g = Generator::new(w, &prefix, 42);
+        kafka::preload(&brokers, &topic, &mut g, n)
+    })
+    .await?;
+    let preload_s = t.elapsed().as_secs_f64();
+
+    let script = ctx.opts.out.join("reference.lua");
+    std::fs::write(&script, include_str!("../reference.lua"))
+        .with_context(|| format!("writing {}", script.display()))?;
+    let args: Vec<String> = vec![
+        "-jar".into(),
+        jar.display().to_string(),
+        format!("--spring.kafka.bootstrap-servers={}", ctx.opts.brokers),
+        format!("--spring.data.redis.url={}", ctx.opts.redis_url),
+        format!("--spring.kafka.consumer.group-id={tag}"),
+        format!("--bench.input={input}"),
+        format!("--bench.output={out}"),
+        format!("--bench.mode={}", mode.name()),
+        format!("--bench.script={}", script.display()),
+        // The spread promotions' per-customer limit (workload::promotions).
+        "--bench.limit=5".into(),
+    ];
+    let mut args = args;
+    let threads = ctx
+        .opts
+        .spring_concurrency
+        .unwrap_or(ctx.opts.partitions.max(1) as u32);
+    args.push(format!("--bench.concurrency={threads}"));
+    if mode == Mode::Record {
+        // A blocking send should not wait for linger.ms (5 ms by default in
+        // Kafka clients 4); the batch listener's asynchronous sends keep it.
+        args.push("--spring.kafka.producer.properties.linger.ms=0".into());
+    }
+    eprintln!("bench: {label}: java -jar {}", jar.display());
+    ctx.redis.reset_stats().await?;
+    let child = proc::spawn(&ctx.opts.java, &args, &ctx.log(&tag), None)?;
+    let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
+    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
+    let partitions = ctx.opts.partitions;
+    let timeout = Duration::from_secs(ctx.opts.timeout_s);
+    let read = blocking(move || {
+        let (mut first, mut last) = (None, None);
+        let outcomes = kafka::read_live_with(
+            &brokers,
+            &topic,
+            partitions,
+            &prefix,
+            n as usize,
+            timeout,
+            |seen| {
+                if seen == 1 {
+                    first = Some(Mark::now(pid, redis_pid, kafka_pid));
+                }
+                if seen == n as usize {
+                    last = Some(Mark::now(pid, redis_pid, kafka_pid));
+                }
+            },
+        )?;
+        Ok((outcomes, first, last))
+    })
+    .await;
+    child.terminate();
+    let usage = blocking(move || child.wait(Duration::from_secs(60))).await;
+    let (outcomes, first, last) = read?;
+    let usage = usage?;
+    let (Some(first), Some(last)) = (first, last) else {
+        bail!(
+            "run {label}: {} of {n} events had an outcome within {timeout:?}; see {}",
+            outcomes.len(),
+            ctx.log(&tag).display()
+        );
+    };
+    let (calls, usec) = ctx.redis.script_stats().await?;
+    // The window between the first and the last outcome stands for the
+    // process's life in the figures (CPU per event, the servers' shares).
+    let window = Usage {
+        exit_code: 0,
+        wall_s: (last.at - first.at).as_secs_f64().max(0.001),
+        user_s: last.service - first.service,
+        sys_s: 0.0,
+        max_rss_kib: usage.max_rss_kib,
+    };
+    let run = summarize(
+        label,
+        w,
+        n,
+        refunds,
+        preload_s,
+        window,
+        &outcomes,
+        calls,
+        usec,
+        last.redis - first.redis,
+        last.kafka - first.kafka,
+        &[],
+    )?;
+    eprintln!(
+        "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
+        run.events_per_s, run.cpu_per_1k, run.max_rss_mib
+    );
+    Ok(run)
+}
