@@ -241,6 +241,37 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await?
 }
 
+/// Fresh topics of one run and `n` events of `w` preloaded into its input.
+struct Backlog {
+    tag: String,
+    input: String,
+    out: String,
+    dlq: String,
+    refunds: u64,
+    preload_s: f64,
+}
+
+async fn backlog(ctx: &mut Ctx, label: &str, w: Workload, n: u64) -> anyhow::Result<Backlog> {
+    let tag = format!("{}-{label}", ctx.stamp);
+    eprintln!("bench: {label}: preloading {n} {} events", w.name());
+    let (input, out, dlq) = ctx.topics(&tag, false).await?;
+    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), input.clone(), tag.clone());
+    let t = Instant::now();
+    let refunds = blocking(move || {
+        let mut g = Generator::new(w, &prefix, 42);
+        kafka::preload(&brokers, &topic, &mut g, n)
+    })
+    .await?;
+    Ok(Backlog {
+        tag,
+        input,
+        out,
+        dlq,
+        refunds,
+        preload_s: t.elapsed().as_secs_f64(),
+    })
+}
+
 /// One maximum-throughput run: preload `n` events, then drain them.
 async fn throughput(
     ctx: &mut Ctx,
@@ -249,20 +280,12 @@ async fn throughput(
     n: u64,
     extra: &[String],
 ) -> anyhow::Result<Run> {
-    let tag = format!("{}-{label}", ctx.stamp);
-    eprintln!("bench: {label}: preloading {n} {} events", w.name());
-    let (input, out, dlq) = ctx.topics(&tag, false).await?;
     ctx.redis
         .reset(&workload::promotions(w, ctx.opts.flash_stock))
         .await?;
-    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), input.clone(), tag.clone());
-    let t = Instant::now();
-    let refunds = blocking(move || {
-        let mut g = Generator::new(w, &prefix, 42);
-        kafka::preload(&brokers, &topic, &mut g, n)
-    })
-    .await?;
-    let preload_s = t.elapsed().as_secs_f64();
+    let b = backlog(ctx, label, w, n).await?;
+    let (tag, input, out, dlq) = (b.tag, b.input, b.out, b.dlq);
+    let (refunds, preload_s) = (b.refunds, b.preload_s);
 
     eprintln!("bench: {label}: deductor run --until-drained");
     ctx.redis.reset_stats().await?;
@@ -662,10 +685,7 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         report.latency = Some(latency(ctx, "latency", rate, nl, &[]).await?);
     }
     for mode in [spring::Mode::Batch, spring::Mode::Record] {
-        let part = match mode {
-            spring::Mode::Batch => "spring",
-            spring::Mode::Record => "spring-record",
-        };
+        let part = mode.part();
         if !ctx.wants(part) {
             continue;
         }

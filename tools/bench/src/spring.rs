@@ -16,8 +16,8 @@ use anyhow::{bail, Context as _};
 
 use crate::proc::{self, Usage};
 use crate::report::Run;
-use crate::workload::{self, Generator, Workload};
-use crate::{blocking, kafka, summarize, Ctx};
+use crate::workload::{self, Workload};
+use crate::{backlog, blocking, kafka, summarize, Ctx};
 
 /// How the Spring service consumes (`bench.mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +34,14 @@ impl Mode {
         match self {
             Mode::Batch => "batch",
             Mode::Record => "record",
+        }
+    }
+
+    /// Its name in `--only`.
+    pub fn part(self) -> &'static str {
+        match self {
+            Mode::Batch => "spring",
+            Mode::Record => "spring-record",
         }
     }
 
@@ -69,25 +77,17 @@ impl Mark {
 pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow::Result<Run> {
     let label = mode.label();
     let w = Workload::Spread;
-    let tag = format!("{}-{label}", ctx.stamp);
-    eprintln!("bench: {label}: preloading {n} {} events", w.name());
-    let (input, out, _dlq) = ctx.topics(&tag, false).await?;
     ctx.redis
         .reset_reference(&workload::promotions(w, ctx.opts.flash_stock))
         .await?;
-    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), input.clone(), tag.clone());
-    let t = Instant::now();
-    let refunds = blocking(move || {
-        let mut g = Generator::new(w, &prefix, 42);
-        kafka::preload(&brokers, &topic, &mut g, n)
-    })
-    .await?;
-    let preload_s = t.elapsed().as_secs_f64();
+    let b = backlog(ctx, label, w, n).await?;
+    let (tag, input, out) = (b.tag, b.input, b.out);
+    let (refunds, preload_s) = (b.refunds, b.preload_s);
 
     let script = ctx.opts.out.join("reference.lua");
     std::fs::write(&script, include_str!("../reference.lua"))
         .with_context(|| format!("writing {}", script.display()))?;
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "-jar".into(),
         jar.display().to_string(),
         format!("--spring.kafka.bootstrap-servers={}", ctx.opts.brokers),
@@ -100,7 +100,6 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
         // The spread promotions' per-customer limit (workload::promotions).
         "--bench.limit=5".into(),
     ];
-    let mut args = args;
     let threads = ctx
         .opts
         .spring_concurrency
