@@ -57,7 +57,7 @@ pub fn describe() {
     );
     describe_counter!(
         TRANSACTIONS,
-        "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted)."
+        "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted; renewed: the producer was replaced after a fatal error)."
     );
     describe_counter!(REDIS_ERRORS, "Redis errors, by kind.");
     describe_counter!(

@@ -42,10 +42,8 @@ pub struct Context {
     /// yields no messages, so a note is the only reason to look.
     noted: tokio::sync::Notify,
     /// `exactly_once`: a revoke aborts the open transaction instead of
-    /// committing.
+    /// committing (an abort that fails has the producer replaced).
     txn: Option<Arc<Transactions>>,
-    /// An abort on revoke that failed: the service cannot go on.
-    failure: Mutex<Option<KafkaError>>,
 }
 
 impl Context {
@@ -53,7 +51,6 @@ impl Context {
         Context {
             topic: topic.to_owned(),
             txn,
-            failure: Mutex::new(None),
             offsets,
             notes: Mutex::new(Vec::new()),
             assigned: Mutex::new(BTreeSet::new()),
@@ -64,14 +61,6 @@ impl Context {
     /// Rebalance notes since the last call, oldest first.
     pub fn take_notes(&self) -> Vec<Assignment> {
         std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// A failure of the rebalance callback the service cannot go on from.
-    pub fn take_failure(&self) -> Option<KafkaError> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
     }
 
     /// Resolves once a note was added since the last time it resolved.
@@ -125,10 +114,7 @@ impl ConsumerContext for Context {
                     // transaction is aborted and all resume from the
                     // committed offsets.
                     Some(txn) => {
-                        if let Err(e) = txn.abort_on_revoke(&parts) {
-                            tracing::error!(error = %e, "aborting the transaction on revoke failed");
-                            *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        }
+                        txn.abort_on_revoke(&parts);
                         Vec::new()
                     }
                     None => commit::revoked(consumer, &self.offsets, &self.topic, &parts, lost),

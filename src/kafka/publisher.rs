@@ -5,7 +5,7 @@
 //! so the pipeline decides what to send and this module only sends.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
@@ -22,7 +22,7 @@ use crate::domain::outcome::{Outcome, Source};
 use crate::error::Disposition;
 use crate::kafka::headers::{self, EventSpan, Incoming};
 use crate::kafka::offsets::Offsets;
-use crate::kafka::transaction::{Ticket, Transactions};
+use crate::kafka::transaction::{MakeProducer, ProducerSlot, Ticket, Transactions};
 
 /// A failed send, classified.
 #[derive(Debug, thiserror::Error)]
@@ -101,20 +101,31 @@ pub struct ClientFailure {
 /// password, TLS handshake refused) only through the error callback, while
 /// the records wait until `message.timeout.ms` and then fail as a retryable
 /// timeout: without this, the pipeline would retry them forever.
+///
+/// In `exactly_once` mode a producer can be replaced ([`Transactions`]);
+/// each one's context carries its generation, and only the current one's
+/// errors count.
 #[derive(Default)]
 pub struct PublisherContext {
     fatal: Arc<FatalSlot>,
+    generation: u64,
 }
 
 #[derive(Default)]
 struct FatalSlot {
     failure: Mutex<Option<ClientFailure>>,
     notify: Notify,
+    /// The generation of the current producer.
+    current: std::sync::atomic::AtomicU64,
 }
 
 impl ClientContext for PublisherContext {
     fn error(&self, error: KafkaError, reason: &str) {
         crate::metrics::kafka_error(&error);
+        if self.generation != self.fatal.current.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::debug!(error = %error, reason, "kafka error of a replaced producer");
+            return;
+        }
         if classify(&error) == Disposition::Fatal {
             tracing::error!(error = %error, reason, "kafka producer: fatal client error");
             let mut slot = self.fatal.failure.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,7 +184,10 @@ pub struct DeadLetter<'a> {
 
 #[derive(Clone)]
 pub struct Publisher {
-    producer: FutureProducer<PublisherContext>,
+    /// Shared with [`Transactions`], which may replace the producer.
+    producer: ProducerSlot,
+    /// The producer's configuration, for a replacement.
+    config: ClientConfig,
     /// Set once in `exactly_once` mode ([`Publisher::start_transactions`]).
     txn: Arc<OnceLock<Arc<Transactions>>>,
     fatal: Arc<FatalSlot>,
@@ -203,10 +217,11 @@ impl Publisher {
     pub fn new(k: &KafkaSettings) -> Result<Publisher, KafkaError> {
         let context = PublisherContext::default();
         let fatal = context.fatal.clone();
-        let producer: FutureProducer<PublisherContext> =
-            producer_config(k).create_with_context(context)?;
+        let config = producer_config(k);
+        let producer: FutureProducer<PublisherContext> = config.create_with_context(context)?;
         Ok(Publisher {
-            producer,
+            producer: Arc::new(RwLock::new(producer)),
+            config,
             txn: Arc::new(OnceLock::new()),
             fatal,
             cut_on_redo: Arc::default(),
@@ -234,7 +249,7 @@ impl Publisher {
             ));
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: queued, ack not awaited.
         if crate::mutants::mutant("no-ack-wait") {
-            let queued = self.producer.send_result(record).map(drop);
+            let queued = self.current().send_result(record).map(drop);
             return queued.map_err(|(source, _)| PublishError {
                 topic: self.outcome_topic.clone(),
                 source,
@@ -253,8 +268,22 @@ impl Publisher {
         offsets: Offsets,
         topic: &str,
     ) -> Result<Arc<Transactions>, KafkaError> {
+        let (config, fatal) = (self.config.clone(), self.fatal.clone());
+        let make: MakeProducer = Box::new(move || {
+            // The new generation first: from now on only its errors count.
+            let generation = fatal
+                .current
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            *fatal.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            config.create_with_context(PublisherContext {
+                fatal: fatal.clone(),
+                generation,
+            })
+        });
         let txn = Arc::new(Transactions::init(
             self.producer.clone(),
+            make,
             offsets,
             topic,
             self.timeout,
@@ -283,7 +312,7 @@ impl Publisher {
         };
         let Some(txn) = self.txn.get() else {
             return self
-                .producer
+                .current()
                 .send(record, Timeout::After(self.timeout))
                 .await
                 .map(|_| ())
@@ -296,14 +325,20 @@ impl Publisher {
         let mut record = record;
         let delivery = loop {
             // The record comes back boxed when it was not queued.
-            let queued = txn.admit(&ticket, || {
-                self.producer.send_result(record).map_err(Box::new)
+            let queued = txn.admit(&ticket, |producer| {
+                producer.send_result(record).map_err(Box::new)
             });
             match queued {
                 None => return Err(error(KafkaError::Canceled, true)),
                 Some(Ok(d)) => break d,
                 Some(Err(refused)) => {
                     let (e, r) = *refused;
+                    if unusable(&e) {
+                        // The producer is in its fatal state: replaced by
+                        // the next boundary, the event redone after it.
+                        txn.poison(&format!("produce to {topic} refused: {e}"));
+                        return Err(error(e, true));
+                    }
                     if e.rdkafka_error_code() != Some(RDKafkaErrorCode::QueueFull)
                         || Instant::now() >= deadline
                     {
@@ -320,7 +355,11 @@ impl Publisher {
         match delivery.await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err((e, _))) => {
-                txn.doom(&ticket, &format!("produce to {topic}: {e}"));
+                if unusable(&e) {
+                    txn.poison(&format!("produce to {topic}: {e}"));
+                } else {
+                    txn.doom(&ticket, &format!("produce to {topic}: {e}"));
+                }
                 Err(error(e, true))
             }
             Err(_) => {
@@ -465,14 +504,34 @@ impl Publisher {
         }
     }
 
-    /// Waits for every queued record, for shutdown.
-    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(Timeout::After(timeout))
+    /// Forgets the fatal error reported so far: `exactly_once` mode hands
+    /// it to [`Transactions::poison`] instead of stopping.
+    pub fn clear_fatal(&self) {
+        *self.fatal.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    pub fn producer(&self) -> &FutureProducer<PublisherContext> {
-        &self.producer
+    /// Waits for every queued record, for shutdown.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.current().flush(Timeout::After(timeout))
     }
+
+    /// The current producer (a renewal in `exactly_once` mode replaces it).
+    pub fn current(&self) -> FutureProducer<PublisherContext> {
+        self.producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The producer's own state refuses the record: librdkafka's fatal state
+/// (fenced, or an epoch the broker bumped), from which only a new producer
+/// recovers.
+pub fn unusable(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::Fenced)
+    )
 }
 
 /// `b`, or its first [`TRUNCATED_BYTES`] when `truncate`.

@@ -224,17 +224,24 @@ pub async fn run_with_ledger(
                 break;
             }
             failure = publisher.fatal() => {
-                fatal = Some(anyhow::Error::new(failure).context("kafka producer"));
-                break;
+                match &txn {
+                    // exactly_once: a producer in librdkafka's fatal state
+                    // (fenced, its epoch bumped by a transaction timeout) is
+                    // replaced by the next boundary, which rewinds.
+                    Some(t) if crate::kafka::publisher::unusable(&failure.source) => {
+                        t.poison(&failure.reason);
+                        publisher.clear_fatal();
+                    }
+                    _ => {
+                        fatal = Some(anyhow::Error::new(failure).context("kafka producer"));
+                        break;
+                    }
+                }
             }
             // Rebalance callbacks run inside `consumer.recv()` below; their
             // notes are applied before any message pulled after them.
             _ = consumer.context().noted() => {
                 lanes.apply_notes(&consumer, topic, &status);
-                if let Some(e) = consumer.context().take_failure() {
-                    fatal = Some(anyhow::Error::new(e).context("kafka transaction"));
-                    break;
-                }
             }
             // exactly_once: end the open transaction, start the next.
             _ = txn_tick.tick(), if txn.is_some() && boundary.is_none() => {

@@ -85,6 +85,16 @@ struct Run {
 
 /// Seeds, starts the service and a paced producer, waits for some progress.
 async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
+    start_with(exclusive, label, seed, &[]).await
+}
+
+/// [`start`] with `extra` settings (`section.key`, value) for the service.
+async fn start_with(
+    exclusive: &crate::common::Exclusive,
+    label: &str,
+    seed: u64,
+    extra: &[(&str, &str)],
+) -> Run {
     let f = Fixture::within(exclusive, label, 3).await;
     let ledger = f.ledger().await;
     let w = workload::generate(
@@ -98,7 +108,7 @@ async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> 
         },
     );
     w.seed(&f, &ledger).await;
-    let svc = service::start(f.settings(&[]));
+    let svc = service::start(f.settings(extra));
     let (topic, stream) = (f.topics.input.clone(), w.clone());
     let producer = tokio::spawn(async move {
         stream
@@ -117,7 +127,7 @@ async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> 
 
 /// Waits for every outcome with the same service instance (it was never
 /// restarted), stops it, and checks the run.
-async fn finish(label: &str, mut r: Run) {
+async fn finish(label: &str, mut r: Run) -> workload::Figures {
     r.producer.await.unwrap();
     r.svc.assert_running().await;
     r.w.wait_done(&r.f, WAIT).await;
@@ -126,9 +136,10 @@ async fn finish(label: &str, mut r: Run) {
     result.expect("run returns Ok after the outage");
     let outcomes = kafka::read_all(&r.f.topics.outcome).await;
     let dlq = kafka::read_all(&r.f.topics.dlq).await;
-    workload::verify(label, &r.w, &outcomes, &dlq, &r.ledger).await;
+    let figures = workload::verify(label, &r.w, &outcomes, &dlq, &r.ledger).await;
     r.ledger.quit().await;
     r.f.cleanup().await;
+    figures
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,22 +164,91 @@ async fn redis_killed_and_restarted_mid_stream() {
     finish("redis outage", r).await;
 }
 
+/// `exactly_once`, and a Redis outage longer than the transaction timeout.
+/// The events it catches hold the open transaction (a boundary waits for
+/// every started event), so the broker aborts that transaction when it
+/// times out and bumps the producer's epoch: the producer's next
+/// transactional call fails with a fatal error ("fenced"; librdkafka: the
+/// instance cannot be used again). The service must go on by itself with a
+/// new producer, from the committed offsets: it never exits, nothing is
+/// lost, and a read_committed reader sees one outcome per input record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_broker_killed_and_restarted_mid_stream() {
-    // The shared broker goes down: no other test may use it meanwhile.
+async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
     let exclusive = crate::common::stack_exclusive().await;
-    let r = start(&exclusive, "kafka-out", 37).await;
-    let addr = host_port(r.f.brokers.split(',').next().unwrap());
-
-    let down = Down::new("kill-kafka", "start-kafka", &addr).await;
-    let down_at = r.svc.status.events_done.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(
-        !r.svc.is_finished(),
-        "the service gave up during the Kafka outage"
+    let f = Fixture::within(&exclusive, "eos-redis-out", 3).await;
+    let ledger = f.ledger().await;
+    let w = workload::generate(
+        "eos-redis-out",
+        &Shape {
+            orders: 1500,
+            customers: 400,
+            stock: 120,
+            seed: 41,
+            ..Shape::default()
+        },
     );
-    down.start();
+    w.seed(&f, &ledger).await;
+    // Transactions of 2 s that time out after 6 s; the broker looks for
+    // timed-out ones every 10 s
+    // (transaction.abort.timed.out.transaction.cleanup.interval.ms), so an
+    // outage of 6 + 10 s and a margin outlives the open one for sure. The
+    // outage starts while events flow: the transaction open then holds
+    // outcomes (the kill would have to fall in the first milliseconds
+    // after a commit to meet an empty one).
+    let env = f.env(&[
+        ("kafka.delivery", "exactly_once"),
+        ("kafka.transaction_interval_ms", "2000"),
+        ("kafka.producer.transaction.timeout.ms", "6000"),
+        ("kafka.produce_timeout_ms", "5000"),
+    ]);
+    let mut child = service::spawn(&env, &["run"]);
+    child
+        .wait_for_log("partitions assigned", Duration::from_secs(60))
+        .await;
+    let (topic, stream) = (f.topics.input.clone(), w.clone());
+    let producer = tokio::spawn(async move {
+        stream
+            .produce_paced(topic, 50, Duration::from_millis(150))
+            .await
+    });
+    // A first transaction committed (its outcomes are readable), and the
+    // events keep coming.
+    kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
+        !r.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
 
-    wait_done_events(&r.svc, down_at + 200).await;
-    finish("kafka outage", r).await;
+    let addr = host_port(&f.redis_url);
+    let down = Down::new("kill-redis", "start-redis", &addr).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    child.assert_running();
+    down.start();
+    assert!(service::listening(&addr), "Redis at {addr} is back");
+
+    // The first boundary after the outage meets the fenced producer and
+    // replaces it (a service that stops instead fails here, with its log).
+    child
+        .wait_for_log("kafka producer replaced", Duration::from_secs(60))
+        .await;
+    producer.await.unwrap();
+    w.wait_done(&f, WAIT).await;
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 3, WAIT).await;
+    child.assert_running();
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "deductor run exits 0 on SIGTERM: {status}"
+    );
+    let outcomes = kafka::read_all(&f.topics.outcome).await;
+    let dlq = kafka::read_all(&f.topics.dlq).await;
+    let figures = workload::verify("exactly_once redis outage", &w, &outcomes, &dlq, &ledger).await;
+    assert_eq!(
+        figures.duplicate_outcomes, 0,
+        "a read_committed reader sees one outcome per input record"
+    );
+    ledger.quit().await;
+    f.cleanup().await;
 }

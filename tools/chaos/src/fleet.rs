@@ -50,6 +50,9 @@ pub struct FleetStats {
     pub bad_term_exits: Vec<String>,
     /// Processes that exited without being told to while running (must be none).
     pub unexpected_exits: Vec<String>,
+    /// The last lines of each such process's log, for the evidence: the
+    /// exit's own line alone rarely tells why.
+    pub unexpected_tails: Vec<String>,
     /// Processes that refused to start because Redis was unreachable (exit 1
     /// with "connecting to Redis"): the service fails fast at startup; they
     /// are restarted a second later.
@@ -236,6 +239,7 @@ impl Fleet {
                         self.stats.refused_starts.push(what);
                     } else {
                         eprintln!("chaos: {what}; restarting");
+                        self.stats.unexpected_tails.push(tail(&text, &what, 12));
                         self.stats.unexpected_exits.push(what);
                     }
                     self.slots[i].state = State::Crashed(Instant::now() + Duration::from_secs(1));
@@ -277,4 +281,17 @@ impl Fleet {
             self.kill(i);
         }
     }
+}
+
+/// `what` and the last `n` lines of a log, each cut to 400 characters.
+fn tail(text: &str, what: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = format!("{what}\n");
+    for l in &lines[lines.len().saturating_sub(n)..] {
+        let cut: String = l.chars().take(400).collect();
+        out.push_str("    ");
+        out.push_str(&cut);
+        out.push('\n');
+    }
+    out
 }

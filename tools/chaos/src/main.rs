@@ -752,6 +752,8 @@ async fn drive(
     for e in stats.bad_term_exits.iter().chain(&stats.unexpected_exits) {
         eprintln!("chaos: {e}");
     }
+    // What scripts/chaos prints last when a run failed (CI shows the end).
+    std::fs::write(dir.join("exits.txt"), stats.unexpected_tails.concat())?;
     std::fs::write(dir.join("fleet.json"), serde_json::to_vec_pretty(&stats)?)?;
     std::fs::write(
         dir.join("figures.json"),
