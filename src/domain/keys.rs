@@ -102,6 +102,11 @@ impl Default for Keys {
 }
 
 impl LineKeys {
+    /// The four keys in KEYS order, moved (one script call per line: no copy).
+    pub fn into_vec(self) -> Vec<String> {
+        vec![self.promotion, self.used, self.record, self.memo]
+    }
+
     pub fn as_vec(&self) -> Vec<String> {
         vec![
             self.promotion.clone(),

@@ -84,7 +84,7 @@ async fn collect(
 async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duration) {
     let (calls, replies): (Vec<Call>, Vec<_>) =
         batch.into_iter().map(|p| (p.call, p.reply)).unzip();
-    let call = calls::deduct_batch(&calls);
+    let call = calls::deduct_batch(calls);
     let script = call.script.name;
     let n = replies.len();
     let (result, slow) = scripts::eval_timed(client, call, slow).await;

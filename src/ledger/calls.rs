@@ -40,7 +40,7 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
     call(
         &scripts::DEDUCT,
-        k.as_vec(),
+        k.into_vec(),
         vec![
             line.budget.to_string(),
             line.stock.to_string(),
@@ -54,14 +54,14 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
 }
 
 /// `deduct_batch.lua`: the [`deduct`] calls of `lines`, decided in this
-/// order in one call.
-pub fn deduct_batch(lines: &[Call]) -> Call {
+/// order in one call (their keys and arguments are moved, not copied).
+pub fn deduct_batch(lines: Vec<Call>) -> Call {
     let mut keys = Vec::with_capacity(4 * lines.len());
     let mut args = Vec::with_capacity(1 + 7 * lines.len());
     args.push(lines.len().to_string());
     for c in lines {
-        keys.extend(c.keys.iter().cloned());
-        args.extend(c.args.iter().cloned());
+        keys.extend(c.keys);
+        args.extend(c.args);
     }
     call(&scripts::DEDUCT_BATCH, keys, args)
 }
@@ -71,7 +71,7 @@ pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
     call(
         &scripts::RELEASE,
-        k.as_vec(),
+        k.into_vec(),
         vec![
             h.event_id.to_string(),
             ttl.refund.clone(),
@@ -92,7 +92,7 @@ pub fn rollback(keys: &Keys, ttl: &Ttls, h: &Header, line: &RefundLine, customer
     let amount = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
     call(
         &scripts::ROLLBACK,
-        k.as_vec(),
+        k.into_vec(),
         vec![
             amount(line.budget),
             amount(line.stock),
@@ -375,7 +375,7 @@ mod tests {
             deduct(&Keys::new("promo"), &ttl(), &a, &place_line()),
             deduct(&Keys::new("promo"), &ttl(), &b, &place_line()),
         ];
-        let batch = deduct_batch(&lines);
+        let batch = deduct_batch(lines.to_vec());
         assert_eq!(batch.script.name, "deduct_batch");
         assert_eq!(batch.keys.len(), 8);
         assert_eq!(batch.keys[..4], lines[0].keys[..]);

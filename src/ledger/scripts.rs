@@ -11,7 +11,8 @@
 
 use std::sync::LazyLock;
 
-use fred::prelude::{Client, LuaInterface, Value};
+use fred::bytes_utils::Str;
+use fred::prelude::{Client, Key, LuaInterface, Value};
 
 use super::error::{classify, ErrorClass};
 
@@ -21,6 +22,8 @@ pub struct Script {
     pub name: &'static str,
     pub body: &'static str,
     pub sha1: String,
+    /// `sha1` as fred's shared string: a clone per call copies nothing.
+    sha1_str: Str,
 }
 
 impl Script {
@@ -44,10 +47,12 @@ impl Script {
         } else {
             body
         };
+        let sha1 = fred::util::sha1_hash(body);
         Script {
             name,
             body,
-            sha1: fred::util::sha1_hash(body),
+            sha1_str: Str::from(sha1.as_str()),
+            sha1,
         }
     }
 }
@@ -147,15 +152,19 @@ pub(crate) async fn eval_timed(
     (result, slow)
 }
 
-/// EVALSHA, falling back to EVAL on `NOSCRIPT`.
+/// EVALSHA, falling back to EVAL on `NOSCRIPT`. The keys and arguments
+/// become fred's byte buffers once (moved, not copied); the fallback's
+/// copies of them share those buffers.
 pub(crate) async fn eval(
     client: &Client,
     script: &Script,
     keys: Vec<String>,
     args: Vec<String>,
 ) -> Result<Value, fred::error::Error> {
+    let keys: Vec<Key> = keys.into_iter().map(Key::from).collect();
+    let args: Vec<Value> = args.into_iter().map(Value::from).collect();
     match client
-        .evalsha::<Value, _, _, _>(script.sha1.clone(), keys.clone(), args.clone())
+        .evalsha::<Value, _, _, _>(script.sha1_str.clone(), keys.clone(), args.clone())
         .await
     {
         Err(e) if classify(&e) == ErrorClass::NoScript => {

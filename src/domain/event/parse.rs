@@ -255,26 +255,34 @@ fn lines_field(raw: Option<&RawValue>) -> Result<Vec<RawLine>, InvalidEvent> {
 /// "is a plain non-negative integer literal".
 fn amount(i: usize, name: &str, v: &Option<Value>, max: u64) -> Result<Option<u64>, InvalidEvent> {
     let Some(v) = v else { return Ok(None) };
-    let field = format!("lines[{i}].{name}");
+    // Named only for an error: a valid amount costs no allocation.
+    let field = || format!("lines[{i}].{name}");
     match v {
         Value::Number(n) => match n.as_u64() {
             Some(x) if x <= max => Ok(Some(x)),
             Some(x) => Err(invalid(
                 InvalidKind::InvalidAmount,
-                format!("{field} {x} is above the limit {max}"),
+                format!("{} {x} is above the limit {max}", field()),
             )),
             None if n.is_i64() => Err(invalid(
                 InvalidKind::InvalidAmount,
-                format!("{field} {n} is negative"),
+                format!("{} {n} is negative", field()),
             )),
             None => Err(invalid(
                 InvalidKind::InvalidAmount,
-                format!("{field} {n} is not an integer (no fractions or exponents)"),
+                format!(
+                    "{} {n} is not an integer (no fractions or exponents)",
+                    field()
+                ),
             )),
         },
         other => Err(invalid(
             InvalidKind::InvalidAmount,
-            format!("{field} must be a JSON integer, got {}", describe(other)),
+            format!(
+                "{} must be a JSON integer, got {}",
+                field(),
+                describe(other)
+            ),
         )),
     }
 }

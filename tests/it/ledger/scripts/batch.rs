@@ -115,7 +115,7 @@ async fn a_batch_decides_every_line_as_deduct_lua_one_by_one() {
             let (chunk, tail) = rest.split_at(k);
             rest = tail;
             sizes.push(k);
-            let call = calls::deduct_batch(chunk);
+            let call = calls::deduct_batch(chunk.to_vec());
             let reply = many
                 .eval(scripts::DEDUCT_BATCH.body, call.keys, call.args)
                 .await
