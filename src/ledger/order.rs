@@ -74,7 +74,7 @@ impl Ledger {
                     };
                 }
                 LineStatus::Rejected(reason) => {
-                    self.release(h, &e.lines[..i], None).await?;
+                    self.release_others(h, &e.lines, i, reply.duplicate).await?;
                     return Ok(rejected(reply.duplicate, reason, p));
                 }
             }
@@ -109,7 +109,7 @@ impl Ledger {
             match reply.status {
                 LineStatus::Done | LineStatus::Released => {}
                 LineStatus::Rejected(reason) => {
-                    self.release(h, &e.lines[..j], None).await?;
+                    self.release_others(h, &e.lines, j, reply.duplicate).await?;
                     return Ok(rejected(reply.duplicate, reason, q));
                 }
             }
@@ -259,6 +259,60 @@ impl Ledger {
             }
         };
         reply::decode_deduct(reply)
+    }
+
+    /// The lines of `lines` other than `failing`, the one that rejected the
+    /// event, released: those before it always (this attempt deducted
+    /// them). Those after it only where an earlier attempt of the event can
+    /// have deducted them while the failing line, decided before them, now
+    /// rejects: when the rejection was read back (an earlier attempt or
+    /// delivery decided it, and may have stopped before releasing), or when
+    /// the durability gate is on. With replicated Redis a failover can lose
+    /// an earlier attempt's deduction of the failing line (the gate had not
+    /// passed, so nothing was published) while its deduction of a later line,
+    /// on another primary of a Cluster, survives: the failing line then
+    /// rejects afresh, and only releasing the later lines keeps the rejected
+    /// event from holding them. (Found by `scripts/chaos --failover` on a
+    /// Cluster: docs/reliability.md, finding 6.)
+    async fn release_others(
+        &self,
+        h: &Header,
+        lines: &[PlaceLine],
+        failing: usize,
+        read_back: bool,
+    ) -> Result<(), LedgerError> {
+        if read_back || self.shared.wait_replicas > 0 {
+            self.release_later(h, &lines[failing + 1..]).await?;
+        }
+        self.release(h, &lines[..failing], None).await
+    }
+
+    /// The lines after a failing line, released where this event holds a
+    /// deduction, which only lost writes can leave there (see
+    /// [`Self::release_others`]): most often there is nothing. So corrupt
+    /// data met here is reported and skipped, not waited out like in
+    /// [`Self::release`], where the event surely holds the line.
+    async fn release_later(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
+        for line in lines {
+            let p = &line.promotion_id;
+            let call = calls::release(self.keys(), &self.shared.ttl, h, line);
+            match self.run(call, Some(&h.order_id), p).await {
+                Ok(reply) => {
+                    if reply::decode_release(reply)? {
+                        tracing::warn!(
+                            promotion = %p,
+                            order = %h.order_id,
+                            event = %h.event_id,
+                            "released a line after the rejecting one: an earlier attempt deducted it \
+                             and lost its earlier lines (a Redis failover?)"
+                        );
+                    }
+                }
+                Err(err) if err.is_corrupt() => self.report_corrupt(h, p, &err),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
     }
 
     /// Releases what this event deducted on `lines` (no-op where it deducted

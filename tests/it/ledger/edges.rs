@@ -558,3 +558,41 @@ async fn a_release_that_meets_corrupt_data_waits_for_the_repair() {
         Some("100")
     );
 }
+
+/// A rejection read back on the first line releases the later lines too.
+/// An earlier attempt of the event deducted both lines; then the first
+/// line's deduction was lost (as a Redis failover loses a write its
+/// replica lacked: the record gone, the amounts back) and a retry rejected
+/// it afresh (the budget is short now), storing the reason. A further
+/// delivery reads that rejection back on the first line and must release
+/// the second line's deduction: the event is rejected, it holds nothing
+/// (before the fix the later line stayed deducted for good).
+#[tokio::test]
+async fn a_rejection_read_back_on_the_first_line_releases_the_later_lines() {
+    let r = standalone().await;
+    admin::promo_set(&r.ledger, &id("a"), spec(Some(10), None, None), false)
+        .await
+        .unwrap();
+    admin::promo_set(&r.ledger, &id("b"), spec(None, Some(10), None), false)
+        .await
+        .unwrap();
+    let e = placed("e1", "o1", "c1", T, &[("a", 5, 0), ("b", 0, 1)]);
+    accept(&r, "e1", "o1", "c1", T, &[("a", 5, 0), ("b", 0, 1)]).await;
+    assert_eq!(r.promo_field("b", "stock").await.as_deref(), Some("9"));
+
+    // The first line's writes are lost; its budget is short now.
+    r.del(&r.keys().record(&id("a"), &id("o1"))).await;
+    r.seed("a", &[("budget", "3")]).await;
+    // The retry that rejects afresh (the reason is stored on line a).
+    r.set(&r.keys().rejected(&id("a"), &id("e1")), "budget_exceeded")
+        .await;
+
+    let d = r.ledger.place(&e).await.unwrap();
+    assert_eq!(rejected(&d), (true, Reason::BudgetExceeded, "a".into()));
+    assert_eq!(
+        r.promo_field("b", "stock").await.as_deref(),
+        Some("10"),
+        "the rejected event still holds its later line"
+    );
+    audit_clean(&r, "b").await;
+}

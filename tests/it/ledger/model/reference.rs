@@ -376,6 +376,14 @@ impl Model {
                     });
                 }
                 Err(reason) => {
+                    if r.duplicate {
+                        // Read back: the later lines are released too (an
+                        // earlier attempt may hold them after lost writes);
+                        // corrupt data there is skipped, not waited out.
+                        for q in &ps[i + 1..] {
+                            let _ = self.release(*q, o, c, ev);
+                        }
+                    }
                     if !self.release_all(&ps[..i], o, c, ev, None) {
                         return None;
                     }
