@@ -168,8 +168,11 @@ async fn live_metrics_parse_and_probes_answer() {
             "no # TYPE line for {family} in:\n{metrics}"
         );
     }
+    // The placement line went through deduct_batch.lua (redis.batch_max_lines
+    // above 1, the default) or deduct.lua (one call per line).
     assert!(
-        metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct"}"#),
+        metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct_batch"}"#)
+            || metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct"}"#),
         "no deduct script timing:\n{metrics}"
     );
     assert!(
