@@ -517,10 +517,7 @@ impl Publisher {
 
     /// The current producer (a renewal in `exactly_once` mode replaces it).
     pub fn current(&self) -> FutureProducer<PublisherContext> {
-        self.producer
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::kafka::transaction::read(&self.producer)
     }
 }
 

@@ -438,7 +438,8 @@ fn renewal_delay(streak: u32) -> Duration {
     Duration::from_millis(ms.min(10_000))
 }
 
-fn read(slot: &ProducerSlot) -> FutureProducer<PublisherContext> {
+/// The producer in `slot` now (a renewal may replace it).
+pub(super) fn read(slot: &ProducerSlot) -> FutureProducer<PublisherContext> {
     slot.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 

@@ -295,10 +295,9 @@ impl Ledger {
     async fn release_later(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
         for line in lines {
             let p = &line.promotion_id;
-            let call = calls::release(self.keys(), &self.shared.ttl, h, line);
-            match self.run(call, Some(&h.order_id), p).await {
-                Ok(reply) => {
-                    if reply::decode_release(reply)? {
+            match self.release_one(h, line).await {
+                Ok(released) => {
+                    if released {
                         tracing::warn!(
                             promotion = %p,
                             order = %h.order_id,
@@ -340,10 +339,9 @@ impl Ledger {
         let mut blocked = None;
         for line in lines {
             let p = &line.promotion_id;
-            let call = calls::release(self.keys(), &self.shared.ttl, h, line);
-            match self.run(call, Some(&h.order_id), p).await {
-                Ok(reply) => {
-                    if reply::decode_release(reply)? {
+            match self.release_one(h, line).await {
+                Ok(released) => {
+                    if released {
                         tracing::debug!(promotion = %p, order = %h.order_id, "released line");
                     }
                 }
@@ -372,6 +370,15 @@ impl Ledger {
             }
         }
         blocked.map_or(Ok(()), Err)
+    }
+
+    /// release.lua for one line: whether it gave a deduction of the event back.
+    async fn release_one(&self, h: &Header, line: &PlaceLine) -> Result<bool, LedgerError> {
+        let call = calls::release(self.keys(), &self.shared.ttl, h, line);
+        let reply = self
+            .run(call, Some(&h.order_id), &line.promotion_id)
+            .await?;
+        reply::decode_release(reply)
     }
 }
 

@@ -382,3 +382,25 @@ impl Drop for ChildService {
         }
     }
 }
+
+/// Waits until the group committed the whole input (at most `wait`), stops
+/// the child with SIGTERM (exit 0 expected), and reads both output topics.
+pub async fn finish_child(
+    f: &Fixture,
+    mut child: ChildService,
+    wait: Duration,
+) -> (Vec<kafka::Record>, Vec<kafka::Record>) {
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, f.topics.partitions, wait).await;
+    child.assert_running();
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "deductor run exits 0 on SIGTERM: {status}"
+    );
+    (
+        kafka::read_all(&f.topics.outcome).await,
+        kafka::read_all(&f.topics.dlq).await,
+    )
+}

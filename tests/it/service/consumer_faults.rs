@@ -16,27 +16,6 @@ use rand::Rng;
 
 const WAIT: Duration = Duration::from_secs(120);
 
-/// Waits until the group committed the whole input, stops the child with
-/// SIGTERM (exit 0 expected), and reads both output topics.
-async fn finish(
-    f: &Fixture,
-    mut child: service::ChildService,
-) -> (Vec<kafka::Record>, Vec<kafka::Record>) {
-    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, f.topics.partitions, WAIT).await;
-    child.assert_running();
-    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert!(
-        status.success(),
-        "deductor run exits 0 on SIGTERM: {status}"
-    );
-    (
-        kafka::read_all(&f.topics.outcome).await,
-        kafka::read_all(&f.topics.dlq).await,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_before_commit_then_restarted_every_event_has_one_decision() {
     let f = Fixture::new("redeliver", 3).await;
@@ -72,7 +51,7 @@ async fn killed_before_commit_then_restarted_every_event_has_one_decision() {
 
     let child = service::spawn(&f.env(&[]), &["run"]);
     w.wait_done(&f, WAIT).await;
-    let (outcomes, dlq) = finish(&f, child).await;
+    let (outcomes, dlq) = service::finish_child(&f, child, WAIT).await;
     let fig = workload::verify("redelivery", &w, &outcomes, &dlq, &ledger).await;
     println!("redelivery: {published} outcomes published before the kill");
     assert!(
@@ -134,7 +113,7 @@ async fn crash_loop_of_sigkills_loses_nothing_and_decides_once() {
     let child = service::spawn(&env, &["run"]);
     producer.await.unwrap();
     w.wait_done(&f, WAIT).await;
-    let (outcomes, dlq) = finish(&f, child).await;
+    let (outcomes, dlq) = service::finish_child(&f, child, WAIT).await;
     let fig = workload::verify("crash loop", &w, &outcomes, &dlq, &ledger).await;
     println!(
         "crash loop figures: events {} (records {}), kills {KILLS} at {kill_at:?}, lost {}, split decisions {}, duplicate outcomes {}, applied twice {}, dead letters {}, accepted {}, rejected {:?}, took {:.0}s",
@@ -508,7 +487,7 @@ async fn exactly_once_crash_loop_and_rebalances_publish_each_outcome_once() {
     let child = service::spawn(&env, &["run"]);
     producer.await.unwrap();
     w.wait_done(&f, WAIT).await;
-    let (outcomes, dlq) = finish(&f, child).await;
+    let (outcomes, dlq) = service::finish_child(&f, child, WAIT).await;
     let fig = workload::verify("exactly once", &w, &outcomes, &dlq, &ledger).await;
     println!("exactly once figures: {fig}");
     assert_eq!(

@@ -83,18 +83,12 @@ struct Run {
     producer: tokio::task::JoinHandle<()>,
 }
 
-/// Seeds, starts the service and a paced producer, waits for some progress.
-async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
-    start_with(exclusive, label, seed, &[]).await
-}
-
-/// [`start`] with `extra` settings (`section.key`, value) for the service.
-async fn start_with(
+/// A fixture of the stack with the outage tests' workload seeded.
+async fn seeded(
     exclusive: &crate::common::Exclusive,
     label: &str,
     seed: u64,
-    extra: &[(&str, &str)],
-) -> Run {
+) -> (Fixture, Workload, deductor::ledger::Ledger) {
     let f = Fixture::within(exclusive, label, 3).await;
     let ledger = f.ledger().await;
     let w = workload::generate(
@@ -108,13 +102,24 @@ async fn start_with(
         },
     );
     w.seed(&f, &ledger).await;
-    let svc = service::start(f.settings(extra));
+    (f, w, ledger)
+}
+
+/// Produces `w` to the input topic, 50 records every 150 ms.
+fn produce_paced(f: &Fixture, w: &Workload) -> tokio::task::JoinHandle<()> {
     let (topic, stream) = (f.topics.input.clone(), w.clone());
-    let producer = tokio::spawn(async move {
+    tokio::spawn(async move {
         stream
             .produce_paced(topic, 50, Duration::from_millis(150))
             .await
-    });
+    })
+}
+
+/// Seeds, starts the service and a paced producer, waits for some progress.
+async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
+    let (f, w, ledger) = seeded(exclusive, label, seed).await;
+    let svc = service::start(f.settings(&[]));
+    let producer = produce_paced(&f, &w);
     wait_done_events(&svc, 200).await;
     Run {
         f,
@@ -127,7 +132,7 @@ async fn start_with(
 
 /// Waits for every outcome with the same service instance (it was never
 /// restarted), stops it, and checks the run.
-async fn finish(label: &str, mut r: Run) -> workload::Figures {
+async fn finish(label: &str, mut r: Run) {
     r.producer.await.unwrap();
     r.svc.assert_running().await;
     r.w.wait_done(&r.f, WAIT).await;
@@ -136,10 +141,9 @@ async fn finish(label: &str, mut r: Run) -> workload::Figures {
     result.expect("run returns Ok after the outage");
     let outcomes = kafka::read_all(&r.f.topics.outcome).await;
     let dlq = kafka::read_all(&r.f.topics.dlq).await;
-    let figures = workload::verify(label, &r.w, &outcomes, &dlq, &r.ledger).await;
+    workload::verify(label, &r.w, &outcomes, &dlq, &r.ledger).await;
     r.ledger.quit().await;
     r.f.cleanup().await;
-    figures
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,19 +179,7 @@ async fn redis_killed_and_restarted_mid_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
     let exclusive = crate::common::stack_exclusive().await;
-    let f = Fixture::within(&exclusive, "eos-redis-out", 3).await;
-    let ledger = f.ledger().await;
-    let w = workload::generate(
-        "eos-redis-out",
-        &Shape {
-            orders: 1500,
-            customers: 400,
-            stock: 120,
-            seed: 41,
-            ..Shape::default()
-        },
-    );
-    w.seed(&f, &ledger).await;
+    let (f, w, ledger) = seeded(&exclusive, "eos-redis-out", 41).await;
     // Transactions of 2 s that time out after 6 s; the broker looks for
     // timed-out ones every 10 s
     // (transaction.abort.timed.out.transaction.cleanup.interval.ms), so an
@@ -205,12 +197,7 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
     child
         .wait_for_log("partitions assigned", Duration::from_secs(60))
         .await;
-    let (topic, stream) = (f.topics.input.clone(), w.clone());
-    let producer = tokio::spawn(async move {
-        stream
-            .produce_paced(topic, 50, Duration::from_millis(150))
-            .await
-    });
+    let producer = produce_paced(&f, &w);
     // A first transaction committed (its outcomes are readable), and the
     // events keep coming.
     kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
@@ -233,17 +220,7 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
         .await;
     producer.await.unwrap();
     w.wait_done(&f, WAIT).await;
-    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 3, WAIT).await;
-    child.assert_running();
-    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert!(
-        status.success(),
-        "deductor run exits 0 on SIGTERM: {status}"
-    );
-    let outcomes = kafka::read_all(&f.topics.outcome).await;
-    let dlq = kafka::read_all(&f.topics.dlq).await;
+    let (outcomes, dlq) = service::finish_child(&f, child, WAIT).await;
     let figures = workload::verify("exactly_once redis outage", &w, &outcomes, &dlq, &ledger).await;
     assert_eq!(
         figures.duplicate_outcomes, 0,
