@@ -228,9 +228,17 @@ impl Ledger {
     }
 
     /// Deducts line `i` of `e`. Corrupt data on it ends the event: it is
-    /// reported, the lines before `i` are released, and the
-    /// `corrupt_promotion` rejection comes back as `Err` (deduct.lua stored
-    /// it under the line's memo, unless the memo itself is what is corrupt).
+    /// reported, the other lines are released, and the `corrupt_promotion`
+    /// rejection comes back as `Err` (deduct.lua stored it under the line's
+    /// memo, unless the memo itself is what is corrupt).
+    ///
+    /// The lines after `i` are released too, always: corrupt data can
+    /// appear between two deliveries of the event (a record or a field
+    /// damaged after delivery 1 deducted every line but was never
+    /// published), and then delivery 2 meets it on line `i` while the later
+    /// lines still hold delivery 1's deductions. As in
+    /// [`Self::release_later`], corrupt data met there is reported and
+    /// skipped (issue 23, defect 6).
     async fn deduct_line(
         &self,
         e: &OrderPlaced,
@@ -242,6 +250,7 @@ impl Ledger {
             Err(err) if err.is_corrupt() => {
                 let p = &line.promotion_id;
                 self.report_corrupt(h, p, &err);
+                self.release_later(h, &e.lines[i + 1..]).await?;
                 self.release(h, &e.lines[..i], None).await?;
                 Ok(Err(rejected(false, Reason::CorruptPromotion, p)))
             }
@@ -288,8 +297,9 @@ impl Ledger {
     }
 
     /// The lines after a failing line, released where this event holds a
-    /// deduction, which only lost writes can leave there (see
-    /// [`Self::release_others`]): most often there is nothing. So corrupt
+    /// deduction, which only lost writes (see [`Self::release_others`]) or
+    /// data corrupted between two deliveries (see [`Self::deduct_line`])
+    /// can leave there: most often there is nothing. So corrupt
     /// data met here is reported and skipped, not waited out like in
     /// [`Self::release`], where the event surely holds the line.
     async fn release_later(&self, h: &Header, lines: &[PlaceLine]) -> Result<(), LedgerError> {
@@ -303,7 +313,7 @@ impl Ledger {
                             order = %h.order_id,
                             event = %h.event_id,
                             "released a line after the rejecting one: an earlier attempt deducted it \
-                             and lost its earlier lines (a Redis failover?)"
+                             (lost writes after a Redis failover, or data corrupted since)"
                         );
                     }
                 }

@@ -232,6 +232,18 @@ impl TestRedis {
         }
     }
 
+    /// `ledger` (on `url`, a Redis of the test's own: e.g. a replicated
+    /// set of tests/it/common/replication.rs), under its own key prefix.
+    pub async fn of_ledger(ledger: Ledger, url: &str) -> TestRedis {
+        TestRedis {
+            prefix: ledger.keys().prefix().to_owned(),
+            ledger,
+            url: url.to_owned(),
+            cluster: false,
+            _stack: super::stack_shared().await,
+        }
+    }
+
     /// A ledger of a [`super::service::Fixture`]'s keys, on the standalone Redis.
     pub async fn of_fixture(f: &super::service::Fixture) -> TestRedis {
         TestRedis {

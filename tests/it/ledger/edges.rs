@@ -596,3 +596,86 @@ async fn a_rejection_read_back_on_the_first_line_releases_the_later_lines() {
     );
     audit_clean(&r, "b").await;
 }
+
+/// Issue 23, defect 6: order o1 has lines P, Q, R (stock 1 each); delivery 1
+/// is accepted on all three but never published; then Q's record is
+/// corrupted (`counted 7`); delivery 2 is rejected `corrupt_promotion` on Q
+/// and must release both P *and* R: a rejected order holds nothing. Before
+/// the fix R kept its unit and its `deducted` record for the rejected
+/// event, and `audit` saw no breach since the record accounted for it.
+/// Run on `r` (its ledger batching or not, gated or not); returns the
+/// event, for the caller's further checks.
+pub(crate) async fn corrupt_record_met_on_redelivery_releases_every_other_line(
+    r: &TestRedis,
+    place: impl AsyncFn(&deductor::domain::event::OrderPlaced) -> PlaceDecision,
+) {
+    for p in ["P", "Q", "R"] {
+        admin::promo_set(&r.ledger, &id(p), spec(None, Some(1), Some(1)), false)
+            .await
+            .unwrap();
+    }
+    let e = placed(
+        "e1",
+        "o1",
+        "c1",
+        T,
+        &[("P", 0, 1), ("Q", 0, 1), ("R", 0, 1)],
+    );
+    let d = place(&e).await;
+    assert!(is_accepted(&d), "delivery 1: {d:?}");
+    for p in ["P", "Q", "R"] {
+        assert_eq!(r.promo_field(p, "stock").await.as_deref(), Some("0"), "{p}");
+    }
+    // Delivery 1's outcome was never published; Q's record goes corrupt.
+    r.hset(&r.keys().record(&id("Q"), &id("o1")), &[("counted", "7")])
+        .await;
+
+    let d = place(&e).await;
+    assert_eq!(rejected(&d), (false, Reason::CorruptPromotion, "Q".into()));
+    for p in ["P", "R"] {
+        assert_eq!(
+            r.promo_field(p, "stock").await.as_deref(),
+            Some("1"),
+            "the rejected event still holds line {p}"
+        );
+        assert!(
+            r.hgetall(&r.keys().record(&id(p), &id("o1")))
+                .await
+                .is_empty(),
+            "line {p} keeps a record of the rejected event"
+        );
+        assert_eq!(
+            r.get(&r.keys().used(&id(p), &id("c1"))).await.as_deref(),
+            Some("0"),
+            "line {p}'s per-customer slot"
+        );
+        audit_clean(r, p).await;
+    }
+    // Every later delivery repeats the rejection and changes nothing.
+    let before = r.dump().await;
+    let d = place(&e).await;
+    assert_eq!(rejected(&d), (true, Reason::CorruptPromotion, "Q".into()));
+    r.assert_unchanged(&before, "a delivery after the rejection")
+        .await;
+}
+
+#[tokio::test]
+async fn a_corrupt_record_met_on_redelivery_releases_the_later_lines_too() {
+    let r = standalone().await;
+    corrupt_record_met_on_redelivery_releases_every_other_line(&r, async |e| {
+        r.ledger.place(e).await.unwrap()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_corrupt_record_met_on_redelivery_releases_the_later_lines_too_batched() {
+    let plain = standalone().await;
+    let mut s = settings(&plain.url, &plain.prefix);
+    s.batch_max_lines = 32;
+    let r = plain.with_ledger(Ledger::connect(&s).await.unwrap()).await;
+    corrupt_record_met_on_redelivery_releases_every_other_line(&r, async |e| {
+        r.ledger.place(e).await.unwrap()
+    })
+    .await;
+}

@@ -446,6 +446,26 @@ async fn with_the_gate_a_fresh_rejection_releases_the_later_lines_an_earlier_att
     gated.quit().await;
 }
 
+/// Issue 23, defect 6 with the durability gate on: a corrupt record met by
+/// a redelivery of a three-line order releases the lines before *and*
+/// after it (tests/it/ledger/edges.rs runs it without the gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_a_corrupt_record_met_on_redelivery_releases_the_later_lines_too() {
+    crate::common::service::init_tracing();
+    let set = Replicated::start(false, None, None).await;
+    let prefix = unique_prefix();
+    let gated = Ledger::connect(&gate_settings(&set.primary_url(), &prefix, 1))
+        .await
+        .unwrap();
+    let r = TestRedis::of_ledger(gated, &set.primary_url()).await;
+    crate::ledger::edges::corrupt_record_met_on_redelivery_releases_every_other_line(
+        &r,
+        async |e| until_durable(|| r.ledger.place(e)).await.unwrap(),
+    )
+    .await;
+    r.ledger.quit().await;
+}
+
 /// What one failover run measured (printed by the tests: the fields are
 /// read through Debug).
 #[derive(Debug)]

@@ -376,10 +376,12 @@ impl Model {
                     });
                 }
                 Err(reason) => {
-                    if r.duplicate {
-                        // Read back: the later lines are released too (an
-                        // earlier attempt may hold them after lost writes);
-                        // corrupt data there is skipped, not waited out.
+                    if r.duplicate || reason == Reason::CorruptPromotion {
+                        // Read back, or corrupt data met afresh: the later
+                        // lines are released too (an earlier attempt or
+                        // delivery may hold them, after lost writes or
+                        // before the data went corrupt); corrupt data there
+                        // is skipped, not waited out.
                         for q in &ps[i + 1..] {
                             let _ = self.release(*q, o, c, ev);
                         }
