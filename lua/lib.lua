@@ -199,11 +199,19 @@ local function remembering_corrupt(key, value, ttl, read)
   error(err, 0)
 end
 
--- Runs a script's main(): its reply, or the error reply of a fail().
+-- Runs a script's main(): its reply, or the error reply of a fail(), or the
+-- error of a Redis command it called (OOM, READONLY, BUSY, ...) replied as it is,
+-- so that the reply still starts with the command error's code. (Redis 7.0 hands
+-- pcall that error as its bare message, later versions as a table {err = ...};
+-- re-raised as a Lua error, either came back as "ERR <message> script: <sha>, on
+-- @user_script:<n>." and its code was lost: an OOM read as a fatal ERR.) Any
+-- other Lua error (a runtime error: "user_script:<n>: ...") is re-raised.
 local function run(main)
   local ok, res = pcall(main)
   if ok then return res end
   if type(res) == 'table' and res.fail then return redis.error_reply(res.fail) end
+  if type(res) == 'table' and type(res.err) == 'string' then return redis.error_reply(res.err) end
+  if type(res) == 'string' and string.find(res, '^[A-Z][A-Z]+ ') then return redis.error_reply(res) end
   error(res, 0)
 end
 

@@ -1,7 +1,8 @@
 //! Ledger errors and their classification, in one function.
 //!
 //! Redis errors are classified by the reply's error code (its first word:
-//! `BUSY`, `NOPERM`, our scripts' `CORRUPT` / `BADARG`, ...) and otherwise by
+//! `BUSY`, `NOPERM`, our scripts' `CORRUPT` / `BADARG`, ...; or the code a
+//! script's `ERR` wrapping carries, see [`error_code`]) and otherwise by
 //! fred's [`ErrorKind`]; never by message text.
 
 use std::fmt;
@@ -94,10 +95,46 @@ impl fmt::Display for ErrorClass {
     }
 }
 
+/// The error code of a Redis error reply, wherever it sits.
+///
+/// Mostly the first word (`OOM command not allowed ...`). A command error
+/// that a script re-raised as a Lua error comes back wrapped in `ERR`, with
+/// the command's code right after it (Redis 7: `ERR OOM command not allowed
+/// ... script: <sha>, on @user_script:207.`) or after the script's location
+/// (Redis 6: `ERR Error running script (call to f_<sha>):
+/// @user_script:207: OOM command not allowed ...`). lua/lib.lua's `run()`
+/// replies with the command's own error, but a script outside it, an older
+/// script cache, or another Redis version may still wrap it. A word counts as
+/// a code when it is all capital letters (as Redis's codes are), so `ERR
+/// Unknown Redis command ...` stays `ERR`.
+pub fn error_code(details: &str) -> &str {
+    fn is_code(word: &str) -> bool {
+        word.len() >= 2 && word.bytes().all(|b| b.is_ascii_uppercase())
+    }
+    let mut words = details.split_whitespace();
+    let first = words.next().unwrap_or("");
+    if first != "ERR" {
+        return first;
+    }
+    let mut rest = details.trim_start()[3..].trim_start();
+    if let Some(wrapped) = rest.strip_prefix("Error running script") {
+        // Past "(call to f_<sha>): @user_script:<n>: ".
+        if let Some(at) = wrapped.find("@user_script:") {
+            let located = &wrapped[at..];
+            if let Some((_, after)) = located.split_once(": ") {
+                rest = after;
+            }
+        }
+    }
+    match rest.split_whitespace().next() {
+        Some(word) if is_code(word) && word != "ERR" => word,
+        _ => first,
+    }
+}
+
 /// The one place Redis errors are classified.
 pub fn classify(e: &RedisError) -> ErrorClass {
-    let code = e.details().split_whitespace().next().unwrap_or("");
-    match code {
+    match error_code(e.details()) {
         "CORRUPT" => return ErrorClass::Corrupt,
         "BADARG" | "CROSSSLOT" => return ErrorClass::BadArg,
         "NOSCRIPT" => return ErrorClass::NoScript,
@@ -276,6 +313,83 @@ mod tests {
             classify(&RedisError::new(ErrorKind::Auth, "WRONGPASS invalid")),
             ErrorClass::Auth
         );
+    }
+
+    /// Issue 25: every error a script's Redis command can produce, as
+    /// Redis replies with it raw, as lua/lib.lua's `run()` re-raised it
+    /// through Redis 7's Lua error wrapping (`ERR <reply> script: <sha>, on
+    /// @user_script:<n>.`, the shape that made an OOM fatal), and as Redis 6
+    /// wrapped it; each keeps its class.
+    #[test]
+    fn script_errors_keep_their_code_however_wrapped() {
+        let sha = "0c2c486c570c82ec292d7bb902613906a9e2aa8a";
+        for (raw, class) in [
+            (
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                ErrorClass::Busy,
+            ),
+            (
+                "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+                ErrorClass::Busy,
+            ),
+            ("NOSCRIPT No matching script. Please use EVAL.", ErrorClass::NoScript),
+            (
+                "TRYAGAIN Multiple keys request during rehashing of slot",
+                ErrorClass::Busy,
+            ),
+            ("MOVED 3999 127.0.0.1:7001", ErrorClass::Cluster),
+            ("ASK 3999 127.0.0.1:7002", ErrorClass::Cluster),
+            (
+                "READONLY You can't write against a read only replica.",
+                ErrorClass::Busy,
+            ),
+            (
+                "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+                ErrorClass::Busy,
+            ),
+            ("LOADING Redis is loading the dataset in memory", ErrorClass::Busy),
+            (
+                "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                ErrorClass::Busy,
+            ),
+            (
+                "NOREPLICAS Not enough good replicas to write.",
+                ErrorClass::Busy,
+            ),
+            ("CLUSTERDOWN The cluster is down", ErrorClass::Cluster),
+            (
+                "NOPERM User deductor has no permissions to run the 'del' command",
+                ErrorClass::Auth,
+            ),
+            ("CORRUPT promo:{p} stock: 007", ErrorClass::Corrupt),
+        ] {
+            let redis7 = format!("ERR {raw} script: {sha}, on @user_script:207.");
+            let redis6 = format!("ERR Error running script (call to f_{sha}): @user_script:207: {raw}");
+            for details in [raw.to_owned(), redis7, redis6] {
+                assert_eq!(
+                    classify(&RedisError::new(ErrorKind::Unknown, details.clone())),
+                    class,
+                    "{details}"
+                );
+            }
+        }
+        // Errors without a code stay `other` (fatal), wrapped or not.
+        for details in [
+            "ERR Unknown Redis command called from script script: abc, on @user_script:1.",
+            "ERR user_script:12: attempt to index local 'x' (a nil value) script: abc, on @user_script:12.",
+            "ERR Error running script (call to f_abc): @user_script:12: user_script:12: attempt to index a nil value",
+            "ERR",
+            "ERR ERR nested",
+            "",
+        ] {
+            assert_eq!(
+                classify(&RedisError::new(ErrorKind::Unknown, details)),
+                ErrorClass::Other,
+                "{details:?}"
+            );
+        }
+        assert_eq!(error_code("ERR OOM command not allowed"), "OOM");
+        assert_eq!(ErrorClass::Busy.disposition(), Disposition::Retry);
     }
 
     #[test]

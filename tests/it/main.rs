@@ -41,6 +41,7 @@ mod service {
     mod hostile_input;
     mod metrics;
     mod outages;
+    mod redis_oom;
     mod secret_files;
     mod security;
 }

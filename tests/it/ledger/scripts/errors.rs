@@ -181,3 +181,105 @@ async fn connection_errors_are_classified() {
     let e = Ledger::connect(&s).await.unwrap_err();
     assert_eq!(e.disposition(), Disposition::Fatal, "{e}");
 }
+
+/// Issue 25, item 2: a Redis out of memory (`maxmemory` with `noeviction`)
+/// refuses the scripts' writes with `OOM`. Each script must reply with that
+/// code, not with Redis's `ERR ... script: ...` wrapping of a re-raised Lua
+/// error, and the ledger must class it `busy` (retried): deduct.lua alone
+/// and in deduct_batch.lua, rollback.lua, release.lua. Before the fix a
+/// refund's and a single placement line's OOM came back as a fatal
+/// `ERR OOM ...` (`other`). A redis-server of the test's own, so that the
+/// shared one never runs out of memory under the other tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_is_busy_from_every_script() {
+    use crate::common::replication::{cli, free_port, redis};
+    use deductor::admin::{self, PromoSpec};
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = redis(
+        dir.path(),
+        free_port(),
+        &["--maxmemory-policy", "noeviction"],
+    );
+    let url = format!("redis://127.0.0.1:{}", node.port);
+    crate::common::replication::eventually(20, "redis answers", || {
+        cli(node.port, &["PING"]).ends_with("PONG")
+    })
+    .await;
+    let prefix = unique_prefix();
+    let plain = Ledger::connect(&settings(&url, &prefix)).await.unwrap();
+    let mut s = settings(&url, &prefix);
+    s.batch_max_lines = 32;
+    let batched = Ledger::connect(&s).await.unwrap();
+    let spec = PromoSpec {
+        budget: Some(100),
+        stock: Some(10),
+        per_customer: Some(2),
+        ..PromoSpec::default()
+    };
+    for p in ["a", "b"] {
+        admin::promo_set(&plain, &id(p), spec.clone(), false)
+            .await
+            .unwrap();
+    }
+    // o1 holds a; o2 holds a, and its release (b rejects below) must write.
+    let d = plain
+        .place(&placed("e1", "o1", "c1", T, &[("a", 5, 1)]))
+        .await
+        .unwrap();
+    assert!(matches!(d, PlaceDecision::Accepted { .. }), "{d:?}");
+
+    assert_eq!(cli(node.port, &["CONFIG", "SET", "maxmemory", "1"]), "OK");
+    let busy = |what: &str, e: deductor::ledger::LedgerError| {
+        assert_eq!(e.class(), ErrorClass::Busy, "{what}: {e}");
+        assert_eq!(e.disposition(), Disposition::Retry, "{what}: {e}");
+        // The reply itself starts with the code (lua/lib.lua's run()), not
+        // with Redis's `ERR` wrapping of a re-raised Lua error.
+        match &e {
+            deductor::ledger::LedgerError::Redis { cause, .. } => {
+                assert!(cause.details().starts_with("OOM "), "{what}: {e}")
+            }
+            other => panic!("{what}: {other}"),
+        }
+    };
+    let e2 = placed("e2", "o2", "c2", T, &[("a", 5, 1)]);
+    busy("deduct.lua", plain.place(&e2).await.unwrap_err());
+    busy("deduct_batch.lua", batched.place(&e2).await.unwrap_err());
+    let r3 = refunded("e3", "o1", "c1", &[("a", None, None)]);
+    busy("rollback.lua", plain.refund(&r3).await.unwrap_err());
+    // release.lua: a rejection read back on b releases a (whose memo write OOMs).
+    let k = plain.keys();
+    assert_eq!(cli(node.port, &["CONFIG", "SET", "maxmemory", "0"]), "OK");
+    let _: () = plain
+        .pool()
+        .set(
+            k.rejected(&id("b"), &id("e4")),
+            "stock_insufficient",
+            None,
+            None,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cli(node.port, &["CONFIG", "SET", "maxmemory", "1"]), "OK");
+    let e4 = placed("e4", "o1", "c1", T, &[("a", 5, 1), ("b", 0, 1)]);
+    busy("release.lua", plain.place(&e4).await.unwrap_err());
+
+    // Memory released: every one of them decides as it would have.
+    assert_eq!(cli(node.port, &["CONFIG", "SET", "maxmemory", "0"]), "OK");
+    let d = plain.place(&e2).await.unwrap();
+    assert!(
+        matches!(
+            d,
+            PlaceDecision::Accepted {
+                duplicate: false,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let d = plain.refund(&r3).await.unwrap();
+    assert_eq!(d.lines[0].status, Ok(()), "{d:?}");
+    plain.quit().await;
+    batched.quit().await;
+}
