@@ -356,8 +356,9 @@ pub struct PromoSetArgs {
     /// pause / resume for a live promotion.
     #[arg(long)]
     pub force: bool,
-    /// With --force: replace it even though orders hold deductions, which
-    /// the new promotion then forgets (audit reports a breach).
+    /// With --force: replace it even though orders hold deductions. The new
+    /// promotion forgets them: their refunds give nothing back, and audit
+    /// counts them apart ("from a replaced incarnation"), not as a breach.
     #[arg(long, requires = "force")]
     pub discard_outstanding: bool,
 }
@@ -524,5 +525,20 @@ mod tests {
             panic!()
         };
         assert!(a.output.json());
+    }
+
+    /// Issue 24 item 15: the help says what audit does with the records a
+    /// `--discard-outstanding` replacement forgets.
+    #[test]
+    fn discard_outstanding_help_matches_audit() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let set = cmd
+            .find_subcommand_mut("promo")
+            .and_then(|c| c.find_subcommand_mut("set"))
+            .expect("promo set");
+        let help = set.render_long_help().to_string();
+        assert!(!help.contains("audit reports a breach"), "{help}");
+        assert!(help.contains("not as a breach"), "{help}");
     }
 }

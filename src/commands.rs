@@ -38,7 +38,24 @@ pub(crate) fn print_json(v: &serde_json::Value) {
     let _ = writeln!(std::io::stdout().lock(), "{v:#}");
 }
 
+/// The commands that talk to Kafka: they build its clients first, as `run`
+/// does ([`crate::kafka::build_clients`]), so a property librdkafka refuses
+/// is a configuration error (exit 2) naming the setting, for `check`
+/// exactly as for `run`.
+pub fn uses_kafka(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Run { .. } | Command::Check(_) | Command::Publish(_) | Command::Dlq(_)
+    )
+}
+
 pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
+    if uses_kafka(&command) {
+        let k = settings.kafka.clone();
+        tokio::task::spawn_blocking(move || crate::kafka::build_clients(&k))
+            .await
+            .context("building the Kafka clients")??;
+    }
     match command {
         Command::Run { .. } => {
             run(settings).await?;
@@ -329,4 +346,137 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cli::Cli;
+    use crate::kafka::offsets::Offsets;
+    use crate::kafka::publisher::Publisher;
+    use clap::Parser as _;
+
+    /// A setting a generated config may carry: good and bad values of the
+    /// service's own Kafka settings and of librdkafka pass-through.
+    fn setting() -> impl Strategy<Value = (String, String)> {
+        let own = prop_oneof![
+            (1u64..5_000_000_000)
+                .prop_map(|v| ("kafka.produce_timeout_ms".to_owned(), v.to_string())),
+            Just(("kafka.delivery".to_owned(), "exactly_once".to_owned())),
+            Just(("kafka.group_instance_id".to_owned(), "pod-0".to_owned())),
+        ];
+        let props = prop_oneof![
+            Just("session.timeout.ms"),
+            Just("message.timeout.ms"),
+            Just("queued.min.messages"),
+            Just("linger.ms"),
+            Just("compression.type"),
+            Just("security.protocol"),
+            Just("sasl.mechanisms"),
+            Just("sasl.passwrd"),
+            Just("sasl.password"),
+            Just("enable.idempotence"),
+            Just("acks"),
+            Just("no.such.property"),
+            Just("auto.offset.reset"),
+        ];
+        let values = prop_oneof![
+            (0u64..4_000_000_000).prop_map(|v| v.to_string()),
+            Just("zstd".to_owned()),
+            Just("lz5".to_owned()),
+            Just("SASL_PLAINTEXT".to_owned()),
+            Just("PLAIN".to_owned()),
+            Just("earliest".to_owned()),
+            Just("sideways".to_owned()),
+            Just("false".to_owned()),
+            Just("-1".to_owned()),
+            Just("s3cr3t-value".to_owned()),
+        ];
+        let client = prop_oneof![Just("consumer"), Just("producer")];
+        prop_oneof![
+            own,
+            (client, props, values).prop_map(|(c, p, v)| (format!("kafka.{c}.{p}"), v)),
+        ]
+    }
+
+    /// `run`'s own client building: the consumer and the producer the
+    /// pipeline creates (pipeline::run_with_ledger), nothing else.
+    fn run_builds(k: &crate::config::KafkaSettings) -> bool {
+        // The producer's delivery futures need a runtime, as in `run`.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let _inside = rt.enter();
+        let producer = Publisher::new(k);
+        let consumer = crate::kafka::consumer::create(k, Offsets::new(), None);
+        producer.is_ok() && consumer.is_ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Class check of issue 24: `check` accepts exactly what `run`
+        /// accepts. For generated configs, `check`'s verdict (the settings
+        /// load, then its client building) equals `run`'s (the same load,
+        /// then the clients the pipeline creates); a refusal is a
+        /// configuration error (exit 2) that names a kafka key and never
+        /// carries a secret-looking value.
+        #[test]
+        fn check_accepts_exactly_what_run_accepts(sets in proptest::collection::vec(setting(), 0..4)) {
+            let mut args = vec!["deductor".to_owned()];
+            for (k, v) in &sets {
+                args.push("--set".into());
+                args.push(format!("{k}={v}"));
+            }
+            let check = Cli::try_parse_from(args.iter().cloned().chain(["check".to_owned()])).unwrap();
+            let run = Cli::try_parse_from(args.iter().cloned().chain(["run".to_owned()])).unwrap();
+            prop_assert!(uses_kafka(&check.command) && uses_kafka(&run.command));
+            match (check.settings(), run.settings()) {
+                (Ok(cs), Ok(rs)) => {
+                    let check_verdict = crate::kafka::build_clients(&cs.kafka);
+                    let run_verdict = run_builds(&rs.kafka);
+                    prop_assert_eq!(check_verdict.is_ok(), run_verdict, "{:?} -> {:?}", sets, check_verdict);
+                    if let Err(e) = check_verdict {
+                        let code = exit_code(&anyhow::Error::from(e));
+                        prop_assert_eq!(code, EXIT_USAGE);
+                    }
+                }
+                (Err(c), Err(r)) => prop_assert_eq!(c.to_string(), r.to_string()),
+                (c, r) => prop_assert!(false, "load differs: {:?} / {:?}", c.err(), r.err()),
+            }
+        }
+    }
+
+    /// Issue 24 item 11: `kafka.produce_timeout_ms` past librdkafka's
+    /// `message.timeout.ms` range is a configuration error naming the key.
+    #[test]
+    fn an_overflowing_produce_timeout_names_its_key() {
+        let cli = Cli::try_parse_from([
+            "deductor",
+            "--set",
+            "kafka.produce_timeout_ms=3000000000",
+            "check",
+        ])
+        .unwrap();
+        let s = cli.settings().unwrap();
+        let e = crate::kafka::build_clients(&s.kafka)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config key kafka.produce_timeout_ms"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        let cli = Cli::try_parse_from([
+            "deductor",
+            "--set",
+            "kafka.producer.sasl.passwrd=hunter9",
+            "check",
+        ])
+        .unwrap();
+        let e = crate::kafka::build_clients(&cli.settings().unwrap().kafka)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kafka.producer.\"sasl.passwrd\""), "{e}");
+        assert!(!e.contains("hunter9"), "{e}");
+    }
 }

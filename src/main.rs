@@ -14,6 +14,18 @@ use deductor::{commands, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, deductor::cli::Command::Run { .. }) {
+        // An operator command whose output is cut short by a closed pipe
+        // (`deductor promo set ... | head -1`) ends quietly, as `cat` does,
+        // instead of panicking in println! with a backtrace after its write
+        // was applied. The service (`run`) keeps Rust's default (ignored:
+        // a write error is handled where it happens).
+        // SAFETY: called first, before any thread exists; SIG_DFL is a
+        // valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let settings = match cli.settings() {
         Ok(s) => s,
         Err(e) => {

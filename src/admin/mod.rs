@@ -237,13 +237,9 @@ pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, Ad
     }))
 }
 
-/// The contract's canonical integer: `0` or no leading zero, digits only,
-/// at most 15 of them.
+/// The contract's canonical integer (lib.lua's `canonical`).
 fn is_canonical(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 15
-        && s.bytes().all(|b| b.is_ascii_digit())
-        && (s == "0" || !s.starts_with('0'))
+    crate::domain::stored::canonical(s).is_some()
 }
 
 pub(crate) fn unix(secs: i64) -> String {

@@ -47,7 +47,9 @@ pub async fn publish(k: &KafkaSettings, topic: &str, input: impl BufRead) -> any
                 .send(record, Timeout::After(Duration::from_secs(30)))
                 .await
                 .map(|_| ())
-                .map_err(|(e, _)| anyhow::anyhow!("line {}: {e}", n + 1))
+                // The KafkaError stays in the chain: a broker that cannot
+                // be reached (the record timed out) exits 3.
+                .map_err(|(e, _)| anyhow::Error::from(e).context(format!("line {}", n + 1)))
         });
         sent += 1;
         if pending.len() >= WINDOW {

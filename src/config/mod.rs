@@ -199,6 +199,15 @@ pub enum ConfigError {
         problem: String,
         fix: &'static str,
     },
+    /// librdkafka refused a client configuration built from the settings
+    /// (a pass-through property, or a value it cannot take): `key` is the
+    /// setting to fix; a secret-looking value is never in `problem`.
+    #[error("config key {key}: {problem}; {fix}")]
+    Client {
+        key: String,
+        problem: String,
+        fix: &'static str,
+    },
 }
 
 mod load;

@@ -15,9 +15,18 @@ const SECRET_PROPERTIES: [&str; 4] = [
     "sasl.oauthbearer.client.secret",
 ];
 
-/// True when a librdkafka property holds a secret.
+/// Fragments of a property name that make it look like a secret: a
+/// misspelled `sasl.passwrd` or a property librdkafka adds later is
+/// treated as one too (its value is never printed).
+const SECRET_LOOKING: [&str; 9] = [
+    "pass", "secret", "token", "key", "cred", "jaas", "pwd", "oauth", "auth",
+];
+
+/// True when a librdkafka property holds a secret, or its name looks as if
+/// it might (`sasl.passwrd`, `ssl.key.pem`, `sasl.oauthbearer.config`).
 pub fn is_secret_property(name: &str) -> bool {
-    SECRET_PROPERTIES.contains(&name) || name.ends_with(".pem") && name.contains("key")
+    let lower = name.to_ascii_lowercase();
+    SECRET_PROPERTIES.contains(&name) || SECRET_LOOKING.iter().any(|f| lower.contains(f))
 }
 
 impl fmt::Debug for KafkaSettings {
@@ -81,16 +90,21 @@ impl fmt::Debug for RedisSettings {
     }
 }
 
-/// `redis://user:secret@host` -> `redis://user:***@host`.
+/// `redis://user:secret@host` -> `redis://user:***@host`, and the same
+/// for a malformed url whose credentials a typo left behind
+/// (`redis//admin:pw@host`, `admin:pw@host`): whatever stands before the
+/// last `@` after the scheme (up to its first `//`) is credentials, and only
+/// the user name before its first `:` is kept.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((auth, host)) = url.rsplit_once('@') else {
         return url.to_owned();
     };
-    let Some((auth, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
+    let (scheme, creds) = match auth.find("//") {
+        Some(i) => auth.split_at(i + 2),
+        None => ("", auth),
     };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => format!("{scheme}://***@{host}"),
+    match creds.split_once(':') {
+        Some((user, _)) => format!("{scheme}{user}:***@{host}"),
+        None => format!("{scheme}***@{host}"),
     }
 }

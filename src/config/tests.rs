@@ -542,3 +542,58 @@ fn the_transactional_id_is_stable_with_static_membership_else_unique_to_the_proc
     k.transactional_id = "fixed".into();
     assert_eq!(k.transactional_id(), "fixed");
 }
+
+/// Issue 24 item 9: a typo that leaves the credentials in a url without
+/// `://` never prints the password, in `redact_url` nor in the error.
+#[test]
+fn malformed_urls_never_show_their_password() {
+    for (url, shown) in [
+        ("redis//admin:pw1@host:6379", "redis//admin:***@host:6379"),
+        ("admin:pw1@host", "admin:***@host"),
+        ("redis:/admin:pw1@host", "redis:***@host"),
+        ("redis://:pw1@host", "redis://:***@host"),
+        ("redis://pw1@host", "redis://***@host"),
+        ("redis://u:p@w1@host", "redis://u:***@host"),
+        ("redis://u:pw1/x@host", "redis://u:***@host"),
+    ] {
+        assert_eq!(redact_url(url), shown, "{url}");
+        let e = load(&[], &[("redis.url", url)]);
+        if let Err(e) = e {
+            let e = e.to_string();
+            assert!(!e.contains("pw1") && !e.contains("w1@"), "{url}: {e}");
+        }
+    }
+    assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+}
+
+/// Issue 24 item 12: SCAN glob characters in the key prefix are refused.
+#[test]
+fn key_prefix_refuses_glob_characters() {
+    for prefix in ["pr[o]mo", "promo*", "pro?mo", "pro\\mo", "pro]mo"] {
+        let e = load(&[], &[("redis.key_prefix", prefix)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis.key_prefix"), "{prefix}: {e}");
+    }
+    assert!(load(&[], &[("redis.key_prefix", "promo-eu.1")]).is_ok());
+}
+
+/// Issue 24 item 10: a misspelled or unknown secret-looking property is
+/// redacted like the known ones.
+#[test]
+fn secret_looking_properties_are_redacted() {
+    let mut s = load(&[], &[]).unwrap();
+    for (k, v) in [
+        ("sasl.passwrd", "hunter5"),
+        ("sasl.oauthbearer.client.secret", "hunter6"),
+        ("ssl.keystore.pasword", "hunter7"),
+        ("sasl.jaas.config", "hunter8"),
+    ] {
+        s.kafka.consumer.insert(k.into(), v.into());
+        s.kafka.producer.insert(k.into(), v.into());
+    }
+    let all = format!("{s:?}");
+    assert!(!all.contains("hunter"), "{all}");
+    assert!(is_secret_property("sasl.passwrd"));
+    assert!(!is_secret_property("session.timeout.ms"));
+}

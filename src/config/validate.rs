@@ -298,10 +298,19 @@ fn redis(r: &RedisSettings) -> Result<(), ConfigError> {
             "use a positive number of milliseconds, e.g. 2000",
         ));
     }
-    if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
+    // `{` `}` would move the hash tag; `* ? [ ] \\` are SCAN MATCH glob
+    // characters: the operator tools' SCAN patterns would match other keys
+    // or none (`promo list` and `audit` would see nothing).
+    if r.key_prefix.is_empty()
+        || r.key_prefix
+            .contains(['{', '}', ' ', '*', '?', '[', ']', '\\'])
+    {
         return Err(bad(
             "redis.key_prefix",
-            format!("{:?} is empty or contains {{, }} or a space", r.key_prefix),
+            format!(
+                "{:?} is empty or contains {{, }}, a space or a glob character (* ? [ ] \\)",
+                r.key_prefix
+            ),
             "use a plain word such as promo",
         ));
     }

@@ -4,3 +4,4 @@ pub mod decision;
 pub mod event;
 pub mod keys;
 pub mod outcome;
+pub mod stored;

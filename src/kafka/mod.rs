@@ -27,3 +27,81 @@ pub fn unreachable(e: &KafkaError) -> bool {
         )
     )
 }
+
+/// Builds both librdkafka clients exactly as `run` configures them
+/// ([`consumer::consumer_config`], [`publisher::producer_config`]) and drops
+/// them: librdkafka's own validation (unknown properties, values out of
+/// range such as `kafka.produce_timeout_ms` past `message.timeout.ms`'s
+/// maximum, conflicting settings) becomes a configuration error naming the
+/// setting to fix. `check`, `run`, `publish` and `dlq` call it first, so
+/// `check` accepts exactly what `run` accepts. No broker is contacted
+/// before the clients are dropped.
+pub fn build_clients(k: &crate::config::KafkaSettings) -> Result<(), crate::config::ConfigError> {
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::producer::BaseProducer;
+    consumer::consumer_config(k)
+        .create::<BaseConsumer>()
+        .map(drop)
+        .map_err(|e| client_error(k, "consumer", &e))?;
+    publisher::producer_config(k)
+        .create::<BaseProducer>()
+        .map(drop)
+        .map_err(|e| client_error(k, "producer", &e))
+}
+
+/// The configuration error of a client librdkafka refused to create: the
+/// setting behind the property (the settings the service sets itself map
+/// back to their own keys), and the problem without any secret-looking
+/// value.
+pub fn client_error(
+    k: &crate::config::KafkaSettings,
+    client: &str,
+    e: &KafkaError,
+) -> crate::config::ConfigError {
+    use crate::config::is_secret_property;
+    let fix = "correct or remove the setting (librdkafka's CONFIGURATION.md lists the \
+               properties and their ranges)";
+    // Every secret-looking pass-through value, and every value of a
+    // property librdkafka does not know (a misspelled secret), is cut out
+    // of librdkafka's text.
+    let props = if client == "consumer" {
+        &k.consumer
+    } else {
+        &k.producer
+    };
+    let scrub = |text: &str, unknown: Option<&str>| -> String {
+        // One line (librdkafka ends some texts with a line break).
+        let mut out = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (name, value) in props {
+            if !value.is_empty() && (is_secret_property(name) || unknown == Some(name.as_str())) {
+                out = out.replace(value.as_str(), "***");
+            }
+        }
+        out
+    };
+    match e {
+        KafkaError::ClientConfig(code, desc, prop, _value) => {
+            let unknown = matches!(code, rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN);
+            let key = match prop.as_str() {
+                "message.timeout.ms" if client == "producer" => {
+                    "kafka.produce_timeout_ms".to_owned()
+                }
+                "bootstrap.servers" => "kafka.brokers".to_owned(),
+                "group.id" => "kafka.group_id".to_owned(),
+                "group.instance.id" => "kafka.group_instance_id".to_owned(),
+                "transactional.id" => "kafka.transactional_id".to_owned(),
+                other => format!("kafka.{client}.\"{other}\""),
+            };
+            crate::config::ConfigError::Client {
+                key,
+                problem: scrub(desc, unknown.then_some(prop.as_str())),
+                fix,
+            }
+        }
+        other => crate::config::ConfigError::Client {
+            key: format!("kafka.{client}"),
+            problem: scrub(&other.to_string(), None),
+            fix,
+        },
+    }
+}

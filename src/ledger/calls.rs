@@ -174,6 +174,32 @@ pub fn promo_delete(keys: &Keys, p: &Id, force: bool) -> Call {
     )
 }
 
+/// How `audit.lua` finds the keys of the promotion it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditMode<'a> {
+    /// Redis Cluster: `CLUSTER GETKEYSINSLOT` of slot {P}, inside the script.
+    Slot,
+    /// A standalone server of at most `limit` keys: `SCAN` inside the script.
+    Scan { limit: u64 },
+    /// The keys the caller listed.
+    Keys(&'a [String]),
+}
+
+/// `audit.lua`: promotion `p`, its records and counters, read at one instant.
+pub fn audit(keys: &Keys, p: &Id, mode: AuditMode<'_>) -> Call {
+    let promotion = keys.promotion(p);
+    let prefix = format!("{promotion}:");
+    let mut args = match mode {
+        AuditMode::Slot => vec!["slot".to_owned(), prefix, "0".to_owned()],
+        AuditMode::Scan { limit } => vec!["scan".to_owned(), prefix, limit.to_string()],
+        AuditMode::Keys(_) => vec!["keys".to_owned(), prefix, "0".to_owned()],
+    };
+    if let AuditMode::Keys(listed) = mode {
+        args.extend(listed.iter().cloned());
+    }
+    call(&scripts::AUDIT, vec![promotion], args)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -367,6 +393,27 @@ mod tests {
     }
 
     #[test]
+    fn audit_follows_its_header() {
+        let k = Keys::default();
+        let p = id("p1");
+        let prefix = ("prefix", "promo:{p1}:");
+        check(
+            &audit(&k, &p, AuditMode::Slot),
+            "c1",
+            &[("mode", "slot"), prefix, ("limit", "0")],
+        );
+        check(
+            &audit(&k, &p, AuditMode::Scan { limit: 9 }),
+            "c1",
+            &[("mode", "scan"), prefix, ("limit", "9")],
+        );
+        let listed = ["promo:{p1}:order:o1".to_owned()];
+        let c = audit(&k, &p, AuditMode::Keys(&listed));
+        check(&c, "c1", &[("mode", "keys"), prefix, ("limit", "0")]);
+        assert_eq!(c.args[3..], listed);
+    }
+
+    #[test]
     fn a_batch_is_its_lines_deduct_calls_in_order() {
         let (a, mut b) = (h(), h());
         b.event_id = id("e-2");
@@ -402,6 +449,7 @@ mod tests {
             "promo_adjust",
             "promo_limit",
             "promo_delete",
+            "audit",
         ];
         let all: Vec<&str> = scripts::all().iter().map(|s| s.name).collect();
         assert_eq!(all.len(), tested.len());

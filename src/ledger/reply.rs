@@ -8,8 +8,8 @@ use std::fmt;
 use fred::prelude::Value;
 
 use super::error::LedgerError;
+use super::scripts::{AUDIT, RELEASE, ROLLBACK};
 use super::scripts::{MEMO, PROMO_ADJUST, PROMO_DELETE, PROMO_LIMIT, PROMO_SET, PROMO_STATUS};
-use super::scripts::{RELEASE, ROLLBACK};
 use crate::domain::decision::{Reason, Remaining};
 use crate::domain::event::Id;
 
@@ -365,6 +365,99 @@ pub fn decode_promo_delete(reply: Value) -> Result<DeleteReply, LedgerError> {
         }),
         "unknown" => Ok(DeleteReply::Unknown),
         other => unexpected(name, other),
+    }
+}
+
+/// One key as `audit.lua` read it, its values raw (the caller judges them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    Absent,
+    Hash(std::collections::HashMap<String, String>),
+    String(String),
+    /// Another Redis type (corrupt): its `TYPE`.
+    Other(String),
+}
+
+/// A promotion, its records and counters, read at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub promotion: Option<Stored>,
+    pub records: Vec<(String, Stored)>,
+    pub counters: Vec<(String, Stored)>,
+}
+
+/// `audit.lua`'s reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditReply {
+    Read(Snapshot),
+    /// Mode "scan" on a database holding this many keys: nothing was read.
+    TooBig(u64),
+}
+
+/// `{type, values...}` of audit.lua as a [`Stored`].
+fn stored(name: &'static str, parts: &[Value]) -> Result<Stored, LedgerError> {
+    let bad = || LedgerError::malformed(name, format!("value {parts:?}"));
+    let kind = parts.first().and_then(text).ok_or_else(bad)?;
+    let rest: Vec<String> = parts[1..]
+        .iter()
+        .map(|v| text(v).ok_or_else(bad))
+        .collect::<Result<_, _>>()?;
+    Ok(match kind.as_str() {
+        "none" => Stored::Absent,
+        "hash" if rest.len() % 2 == 0 => Stored::Hash(
+            rest.chunks(2)
+                .map(|kv| (kv[0].clone(), kv[1].clone()))
+                .collect(),
+        ),
+        "string" if rest.len() == 1 => Stored::String(rest[0].clone()),
+        "hash" | "string" => return Err(bad()),
+        other => Stored::Other(other.to_owned()),
+    })
+}
+
+/// `{key, type, values...}` items of audit.lua.
+fn keyed(name: &'static str, v: Value) -> Result<Vec<(String, Stored)>, LedgerError> {
+    let Value::Array(items) = v else {
+        return Err(LedgerError::malformed(name, format!("list {v:?}")));
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::Array(parts) if !parts.is_empty() => {
+                let key = text(&parts[0])
+                    .ok_or_else(|| LedgerError::malformed(name, format!("key {:?}", parts[0])))?;
+                Ok((key, stored(name, &parts[1..])?))
+            }
+            other => Err(LedgerError::malformed(name, format!("item {other:?}"))),
+        })
+        .collect()
+}
+
+/// Decodes `{"ok", promotion, records, counters}` or `{"too_big", n}`.
+pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
+    let name = AUDIT.name;
+    let Value::Array(mut items) = reply else {
+        return Err(LedgerError::malformed(name, format!("reply {reply:?}")));
+    };
+    match items.first().and_then(text).as_deref() {
+        Some("too_big") if items.len() == 2 => {
+            let n = integer(&items[1]).unwrap_or_default();
+            Ok(AuditReply::TooBig(n.max(0) as u64))
+        }
+        Some("ok") if items.len() == 4 => {
+            let counters = keyed(name, items.pop().unwrap_or(Value::Null))?;
+            let records = keyed(name, items.pop().unwrap_or(Value::Null))?;
+            let promotion = match items.pop() {
+                Some(Value::Array(parts)) => stored(name, &parts)?,
+                other => return Err(LedgerError::malformed(name, format!("promotion {other:?}"))),
+            };
+            Ok(AuditReply::Read(Snapshot {
+                promotion: Some(promotion),
+                records,
+                counters,
+            }))
+        }
+        _ => Err(LedgerError::malformed(name, format!("reply {items:?}"))),
     }
 }
 

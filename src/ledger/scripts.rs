@@ -112,9 +112,12 @@ pub static PROMO_STATUS: LazyLock<Script> = with_lib!("promo_status");
 pub static PROMO_ADJUST: LazyLock<Script> = with_lib!("promo_adjust");
 pub static PROMO_LIMIT: LazyLock<Script> = with_lib!("promo_limit");
 pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
+/// `deductor audit`'s read of one promotion at one instant (reads only).
+pub static AUDIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 10] {
+pub fn all() -> [&'static Script; 11] {
     [
         &DEDUCT,
         &DEDUCT_BATCH,
@@ -126,6 +129,7 @@ pub fn all() -> [&'static Script; 10] {
         &PROMO_ADJUST,
         &PROMO_LIMIT,
         &PROMO_DELETE,
+        &AUDIT,
     ]
 }
 

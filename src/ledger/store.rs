@@ -10,7 +10,10 @@ use fred::types::scan::ScanType;
 use fred::types::InfoKind;
 use futures::stream::StreamExt;
 
+use super::calls::{self, AuditMode};
+use super::reply::{self, AuditReply};
 use super::{Ledger, LedgerError};
+use crate::domain::event::Id;
 
 /// Which keys a [`Ledger::scan`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +32,18 @@ pub struct NodeInfo {
 }
 
 impl Ledger {
+    /// Whether the ledger is a Redis Cluster.
+    pub fn is_clustered(&self) -> bool {
+        self.pool().next().is_clustered()
+    }
+
+    /// Promotion `p`, its records and counters, read at one instant
+    /// (`audit.lua`).
+    pub async fn audit_read(&self, p: &Id, mode: AuditMode<'_>) -> Result<AuditReply, LedgerError> {
+        let call = calls::audit(self.keys(), p, mode);
+        reply::decode_audit(self.run(call, None, p).await?)
+    }
+
     /// Every key matching `pattern` (of type `kind`), with `SCAN` (never
     /// `KEYS`), over every primary of a Cluster.
     pub async fn scan(&self, pattern: &str, kind: KeyType) -> Result<Vec<String>, LedgerError> {

@@ -8,12 +8,18 @@
 //!   the promo_* scripts behind them;
 //! - `live`: those changes made while the service decides a burst;
 //! - `lookup`: `order show` and `event show`;
-//! - `dlq`: `publish`, and `dlq list/show/replay`.
+//! - `dlq`: `publish`, and `dlq list/show/replay`;
+//! - `audit`: `audit` reads as the scripts read, at one instant, and on a
+//!   Cluster only the promotion's slot;
+//! - `operator`: secrets never print, `check` refuses what `run` refuses, a
+//!   closed pipe, `publish` without Kafka.
 
+mod audit;
 mod check;
 mod dlq;
 mod live;
 mod lookup;
+mod operator;
 mod promo;
 
 use std::process::Output;

@@ -1,0 +1,265 @@
+//! `audit` reads the way the scripts read (issue 24 items 7, 8, 14, 16):
+//! lib.lua's strict parsing (corrupt is corrupt), one promotion read at one
+//! instant while a sale runs, a missing promotion whose records still hold
+//! deductions is a breach, and on a Cluster the cost is the promotion's slot,
+//! never a SCAN of the keyspace.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use deductor::admin::audit::audit_one;
+use deductor::admin::PromoSpec;
+use deductor::domain::stored::canonical;
+use fred::prelude::{AclInterface, HashesInterface, Value};
+use rand::{Rng, SeedableRng};
+
+use super::{admin, assert_exit, stdout};
+use crate::common::redis::{self, id, placed, refunded, TestRedis};
+
+const LIB: &str = include_str!("../../../../lua/lib.lua");
+
+/// The strings the property runs through both parsers: the issue's shapes,
+/// then random ones over the characters that matter.
+fn shapes(n: usize) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "abc", "1e3", "007", "+5", "-1", "-0", " 5", "5 ", "0x10", "nan", "inf", "1.0", "", "0",
+        "00", "5", "42", "999999999999999", "1000000000000000", "9007199254740993",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+    let chars: Vec<char> = "0123456789+-e. x\t".chars().collect();
+    for _ in 0..n {
+        let len = rng.random_range(0..18);
+        v.push((0..len).map(|_| chars[rng.random_range(0..chars.len())]).collect());
+    }
+    v
+}
+
+/// Class check "audit reads the way the scripts read", and item 7: every
+/// string is judged by lib.lua's own `canonical` (EVAL of the real file)
+/// and by `domain::stored::canonical` alike; and a promotion holding it as
+/// `stock` or `budget` is corrupt for `audit_one` exactly when the scripts'
+/// `read_promotion` refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_calls_corrupt_exactly_what_the_scripts_call_corrupt() {
+    let r = redis::standalone().await;
+    let canonical_lua = format!("{LIB}\nreturn canonical(ARGV[1]) and 1 or 0");
+    let read_lua = format!("{LIB}\nreturn run(function() read_promotion(KEYS[1]) return 'ok' end)");
+    for (i, v) in shapes(300).into_iter().enumerate() {
+        let lua = r
+            .eval(&canonical_lua, vec![], vec![v.clone()])
+            .await
+            .expect("canonical");
+        assert_eq!(
+            lua == Value::Integer(1),
+            canonical(&v).is_some(),
+            "canonical({v:?}): lib.lua says {lua:?}"
+        );
+        if i > 60 {
+            continue;
+        }
+        for field in ["stock", "budget"] {
+            let p = format!("p{i}-{field}");
+            r.seed(&p, &[(field, &v), ("status", "active")]).await;
+            let key = r.keys().promotion(&id(&p));
+            let scripts_ok = match r.eval(&read_lua, vec![key], vec![]).await {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(e.to_string().contains("CORRUPT"), "{v:?}: {e}");
+                    false
+                }
+            };
+            let report = audit_one(&r.ledger, &id(&p)).await.expect("audit");
+            assert_eq!(
+                report.corrupt.is_empty(),
+                scripts_ok,
+                "{field}={v:?}: scripts ok {scripts_ok}, audit {report:?}"
+            );
+            assert_eq!(report.breaches.is_empty(), scripts_ok, "{field}={v:?}");
+        }
+    }
+    // The runbook's command: `audit P` exits 1 and names the corrupt field.
+    for (p, field, v) in [("c-stock", "stock", "abc"), ("c-budget", "budget", "1e3")] {
+        r.seed(p, &[(field, v)]).await;
+        let o = admin(&r, &["audit", p]).await;
+        assert_exit(&o, 1, &format!("audit of {field}={v}"));
+        assert!(stdout(&o).contains(&format!("corrupt")), "{}", stdout(&o));
+        r.seed(p, &[(field, "5")]).await;
+        assert_exit(&admin(&r, &["audit", p]).await, 0, "after the repair");
+    }
+}
+
+/// Item 8: audits of one promotion while placements and refunds flow
+/// through the real scripts never report a breach; a real one (stock moved
+/// without a record) is then reported.
+async fn no_false_breach_during_a_sale(r: TestRedis) {
+    let p = id("sale");
+    let spec = PromoSpec {
+        budget: Some(1_000_000_000),
+        stock: Some(1_000_000),
+        per_customer: Some(1_000_000),
+        ..PromoSpec::default()
+    };
+    deductor::admin::promo_set(&r.ledger, &p, spec, false)
+        .await
+        .expect("promo set");
+    let stop = Arc::new(AtomicBool::new(false));
+    let placed_n = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (ledger, stop, placed_n) = (r.ledger.clone(), stop.clone(), placed_n.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let (e, o, c) = (format!("e{t}-{n}"), format!("o{t}-{n}"), format!("c{}", n % 7));
+                let ev = placed(&e, &o, &c, 1_800_000_000, &[("sale", 3, 1)]);
+                ledger.place(&ev).await.expect("place");
+                placed_n.fetch_add(1, Ordering::Relaxed);
+                if n % 3 == 0 {
+                    let rf = refunded(&format!("r{t}-{n}"), &o, &c, &[("sale", None, None)]);
+                    ledger.refund(&rf).await.expect("refund");
+                }
+            }
+        }));
+    }
+    let mut audits = 0;
+    while audits < 40 || placed_n.load(Ordering::Relaxed) < 200 {
+        let rep = audit_one(&r.ledger, &p).await.expect("audit");
+        assert!(
+            rep.breaches.is_empty() && rep.unsettled.is_empty(),
+            "audit {audits} during the sale: {rep:?}"
+        );
+        audits += 1;
+        assert!(audits < 5000, "the placements did not flow");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("placements");
+    }
+    let rep = audit_one(&r.ledger, &p).await.expect("audit");
+    assert!(rep.breaches.is_empty(), "{rep:?}");
+    assert!(rep.held > 100, "orders were held: {rep:?}");
+    // A real breach: one unit of stock gone without a record.
+    let _: i64 = r
+        .pool()
+        .hincrby(r.keys().promotion(&p), "stock", -1)
+        .await
+        .expect("hincrby");
+    let rep = audit_one(&r.ledger, &p).await.expect("audit");
+    assert_eq!(rep.breaches.len(), 1, "{rep:?}");
+    assert!(rep.breaches[0].contains("stock"), "{rep:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_during_a_sale_never_reports_a_false_breach() {
+    no_false_breach_during_a_sale(redis::standalone().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_during_a_sale_never_reports_a_false_breach_on_a_cluster() {
+    no_false_breach_during_a_sale(redis::cluster().await).await;
+}
+
+/// Item 14: `audit P` of a promotion that is gone while its records still
+/// hold deductions exits 1 and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_of_a_missing_promotion_with_held_records_is_a_breach() {
+    let r = redis::standalone().await;
+    let p = id("gone");
+    let spec = PromoSpec {
+        stock: Some(10),
+        ..PromoSpec::default()
+    };
+    deductor::admin::promo_set(&r.ledger, &p, spec, false)
+        .await
+        .expect("promo set");
+    let ev = placed("e1", "o1", "c1", 1_800_000_000, &[("gone", 0, 2)]);
+    r.ledger.place(&ev).await.expect("place");
+    r.del(&r.keys().promotion(&p)).await;
+    let o = admin(&r, &["audit", "gone"]).await;
+    assert_exit(&o, 1, "audit of a missing promotion holding deductions");
+    assert!(stdout(&o).contains("BREACH"), "{}", stdout(&o));
+    let o = admin(&r, &["audit", "never-was"]).await;
+    assert_exit(&o, 0, "audit of a promotion that never was");
+}
+
+/// Item 16: on a Cluster, `audit P` lists only the slot {P}: it works for
+/// a user that may not SCAN (the keyspace-wide listing it used before), and
+/// finds what the records hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_on_a_cluster_never_scans_the_keyspace() {
+    let c = redis::cluster().await;
+    let p = id("slot");
+    let spec = PromoSpec {
+        stock: Some(100),
+        budget: Some(1000),
+        ..PromoSpec::default()
+    };
+    deductor::admin::promo_set(&c.ledger, &p, spec, false)
+        .await
+        .expect("promo set");
+    for n in 0..30 {
+        let ev = placed(&format!("e{n}"), &format!("o{n}"), "c1", 1_800_000_000, &[("slot", 7, 2)]);
+        c.ledger.place(&ev).await.expect("place");
+    }
+    let user = format!("audit-noscan-{:08x}", rand::random::<u32>());
+    let password = format!("pw-{:016x}", rand::random::<u64>());
+    let mut rules = vec![
+        "reset".to_owned(),
+        "on".to_owned(),
+        format!(">{password}"),
+        format!("~{}:*", c.prefix),
+    ];
+    // The documented admin rules without +scan, and the cluster client's own.
+    rules.extend(
+        "resetchannels -@all +evalsha +eval +script|load +ping +info +hgetall +hget +get +type \
+         +dbsize +cluster|keyslot +cluster|countkeysinslot +cluster|getkeysinslot +cluster|slots \
+         +cluster|info +asking"
+            .split_whitespace()
+            .map(str::to_owned),
+    );
+    let nodes = cluster_nodes(&c.url);
+    let mut admins = Vec::new();
+    for addr in &nodes {
+        let node = deductor::ledger::Ledger::connect(&redis::settings(&format!("redis://{addr}"), &c.prefix))
+            .await
+            .expect("node");
+        node.pool()
+            .acl_setuser(user.as_str(), rules.clone())
+            .await
+            .expect("ACL SETUSER");
+        admins.push(node);
+    }
+    let mut s = redis::settings(&c.url, &c.prefix);
+    s.username = user.clone();
+    s.password = password;
+    let as_user = deductor::ledger::Ledger::connect(&s).await.expect("connect as the user");
+    let result = audit_one(&as_user, &p).await;
+    as_user.quit().await;
+    for node in admins {
+        let _: Result<i64, _> = node.pool().acl_deluser(user.as_str()).await;
+        node.quit().await;
+    }
+    let rep = result.expect("audit on a cluster without SCAN");
+    assert!(rep.breaches.is_empty(), "{rep:?}");
+    assert_eq!(rep.held, 30, "{rep:?}");
+    assert_eq!(rep.outstanding_stock, 60, "{rep:?}");
+    assert_eq!(rep.stock, Some(40), "{rep:?}");
+}
+
+/// `redis-cluster://a?node=b&node=c` -> `[a, b, c]`.
+fn cluster_nodes(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (first, query) = rest.split_once('?').unwrap_or((rest, ""));
+    std::iter::once(first.trim_end_matches('/').to_owned())
+        .chain(
+            query
+                .split('&')
+                .filter_map(|kv| kv.strip_prefix("node="))
+                .map(str::to_owned),
+        )
+        .collect()
+}
