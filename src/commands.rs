@@ -313,39 +313,59 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
     Ok(clean)
 }
 
-/// `deductor run`: the service plus its HTTP endpoints, until SIGTERM. One
-/// Redis pool serves both the pipeline and `/readyz`.
+/// `deductor run`: the service plus its HTTP endpoints, until SIGTERM. The
+/// HTTP server comes up first, so the probes answer while the start waits
+/// out Redis or Kafka (/healthz alive, /readyz naming what it waits for);
+/// one Redis pool serves both the pipeline and `/readyz`. A server that
+/// cannot bind (or fails later) stops the service with its error.
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
     let status = Arc::new(Status::default());
-    let recorder = if settings.http.listen.is_empty() {
-        None
-    } else {
-        Some(http::install_recorder()?)
-    };
-    let Some(ledger) = pipeline::connect_ledger(&settings, &shutdown).await? else {
-        return Ok(());
-    };
     let mut server = None;
-    if let Some(handle) = recorder {
+    if !settings.http.listen.is_empty() {
+        let handle = http::install_recorder()?;
         let listen = settings.http.listen.clone();
         let stall = std::time::Duration::from_secs(settings.http.stall_timeout_secs);
-        let (status, stop, ledger) = (status.clone(), shutdown.child_token(), ledger.clone());
+        let (status, stop) = (status.clone(), shutdown.child_token());
         let stop_server = stop.clone();
-        let task = tokio::spawn(async move {
-            http::serve(&listen, handle, status, Some(ledger), stall, stop).await
-        });
+        let task =
+            tokio::spawn(async move { http::serve(&listen, handle, status, stall, stop).await });
         server = Some((task, stop_server));
     }
-    let result = pipeline::run_with_ledger(settings, shutdown.clone(), status, ledger).await;
-    if let Some((task, stop)) = server {
-        stop.cancel();
-        match task.await {
-            Ok(Err(e)) if result.is_ok() => return Err(e),
-            _ => {}
+    let service = {
+        let (settings, shutdown, status) = (settings, shutdown.clone(), status.clone());
+        async move {
+            let Some(ledger) = pipeline::connect_ledger(&settings, &shutdown, &status).await?
+            else {
+                return Ok(());
+            };
+            pipeline::run_with_ledger(settings, shutdown, status, ledger).await
+        }
+    };
+    let Some((mut task, stop)) = server else {
+        return service.await;
+    };
+    tokio::pin!(service);
+    tokio::select! {
+        result = &mut service => {
+            stop.cancel();
+            match task.await {
+                Ok(Err(e)) if result.is_ok() => Err(e),
+                _ => result,
+            }
+        }
+        ended = &mut task => {
+            // The endpoints are gone (e.g. http.listen cannot be bound):
+            // stop the service cleanly, then report why.
+            shutdown.cancel();
+            let result = service.await;
+            match ended {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => result,
+                Err(e) => Err(anyhow::Error::new(e).context("http server task")),
+            }
         }
     }
-    result
 }
 
 #[cfg(test)]

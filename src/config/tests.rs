@@ -597,3 +597,45 @@ fn secret_looking_properties_are_redacted() {
     assert!(is_secret_property("sasl.passwrd"));
     assert!(!is_secret_property("session.timeout.ms"));
 }
+
+#[test]
+fn a_password_in_the_redis_url_is_refused_without_echoing_it() {
+    for url in [
+        "redis://deductor:hunter2@h:6379",
+        "redis://:hunter2@h:6379/0",
+        "rediss://u:hunter2@h:6380",
+        "redis-cluster://u:hunter2@h:7000?node=h2:7001",
+        "redis-sentinel://u:hunter2@a:26379,b:26379/mymaster",
+    ] {
+        let e = load(&[], &[("redis.url", url)]).unwrap_err().to_string();
+        assert!(
+            e.contains("redis.url") && e.contains("redis.password") && e.contains("password_file"),
+            "{url}: {e}"
+        );
+        assert!(!e.contains("hunter2"), "{url}: {e}");
+        let e = load(&[("DEDUCTOR_REDIS_URL", url)], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("redis.url") && !e.contains("hunter2"),
+            "{url}: {e}"
+        );
+    }
+    // A user without a password, and the password where it belongs, load.
+    for url in [
+        "redis://deductor@h:6379",
+        "redis://h:6379",
+        "redis://:@h:6379",
+    ] {
+        assert!(load(&[], &[("redis.url", url)]).is_ok(), "{url}");
+    }
+    let s = load(
+        &[("DEDUCTOR_REDIS_PASSWORD", "hunter2")],
+        &[
+            ("redis.url", "redis://h:6379"),
+            ("redis.username", "deductor"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.redis.password, "hunter2");
+}

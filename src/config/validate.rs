@@ -192,6 +192,15 @@ fn tracing(t: &TracingSettings) -> Result<(), ConfigError> {
 }
 
 /// `redis.*`: the url and its credentials, TLS, the gate, the pool, timeouts, the key prefix, TTLs.
+/// True when the url's user info holds a password: `scheme://user:pw@…` or
+/// `scheme://:pw@…` (an empty password after the colon counts as none).
+fn url_has_password(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.rsplit_once('@')
+        .and_then(|(auth, _)| auth.split_once(':'))
+        .is_some_and(|(_, password)| !password.is_empty())
+}
+
 fn redis(r: &RedisSettings) -> Result<(), ConfigError> {
     let sentinel = SentinelUrl::is_sentinel(&r.url);
     if ![
@@ -225,6 +234,15 @@ fn redis(r: &RedisSettings) -> Result<(), ConfigError> {
             "redis.sentinel_password",
             "sentinel credentials are set but redis.url is not a redis-sentinel:// url",
             "use redis-sentinel://host:port/SERVICE, or leave sentinel_username and sentinel_password empty",
+        ));
+    }
+    if url_has_password(&r.url) {
+        // Not echoed: the url is the secret's carrier here.
+        return Err(bad(
+            "redis.url",
+            "holds a password (user:password@ in the url), which would end up in config files and ConfigMaps",
+            "leave only redis://[user@]host:port in the url and set the password in redis.password, \
+             DEDUCTOR_REDIS_PASSWORD or a file named by redis.password_file (the chart: secret.redisPassword)",
         ));
     }
     let tls = r.url.starts_with("rediss://")

@@ -2,7 +2,6 @@
 //! `/readyz` (readiness). Its client, `deductor healthcheck`, is
 //! [`crate::admin::healthcheck`].
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,14 +13,12 @@ use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::ledger::Ledger;
 use crate::ops::health::Status;
 
 #[derive(Clone)]
 struct AppState {
     metrics: PrometheusHandle,
     status: Arc<Status>,
-    ledger: Option<Ledger>,
     stall_timeout: Duration,
 }
 
@@ -43,19 +40,19 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves until `shutdown` is cancelled.
+/// Serves until `shutdown` is cancelled. `deductor run` starts it before
+/// anything else, so the probes answer while the start waits out Redis or
+/// Kafka (`status` says what it waits for).
 pub async fn serve(
     listen: &str,
     metrics: PrometheusHandle,
     status: Arc<Status>,
-    ledger: Option<Ledger>,
     stall_timeout: Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let state = AppState {
         metrics,
         status,
-        ledger,
         stall_timeout,
     };
     let app = Router::new()
@@ -84,30 +81,23 @@ async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// Liveness: the processing loop keeps making progress. It does not look
-/// at Kafka or Redis: an outage is waited out, not fixed by a restart.
+/// Liveness: the processing loop keeps making progress, or the start waits
+/// out a dependency. It does not look at Kafka or Redis: an outage is waited
+/// out, not fixed by a restart.
 async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
-    let since = s.status.since_progress();
-    if since > s.stall_timeout {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("stalled: no progress for {}s\n", since.as_secs()),
-        )
-    } else {
-        (StatusCode::OK, "ok\n".to_owned())
+    match s.status.liveness(s.stall_timeout) {
+        Ok(ok) => (StatusCode::OK, format!("{ok}\n")),
+        Err(stalled) => (StatusCode::SERVICE_UNAVAILABLE, format!("{stalled}\n")),
     }
 }
 
-/// Readiness: partitions assigned and Redis answering.
+/// Readiness: started, partitions assigned and Redis answering; else why not.
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    let assigned = s.status.assigned.load(Ordering::Relaxed);
-    if assigned == 0 {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no partitions assigned\n".to_owned(),
-        );
-    }
-    if let Some(l) = &s.ledger {
+    let assigned = match s.status.readiness() {
+        Ok(n) => n,
+        Err(why) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    };
+    if let Some(l) = s.status.ledger() {
         if let Err(e) = tokio::time::timeout(Duration::from_secs(2), l.ping())
             .await
             .map_err(|_| "timeout".to_owned())

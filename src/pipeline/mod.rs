@@ -55,10 +55,12 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
 /// Connects to Redis, waiting out an outage at startup the way G3 waits one
 /// out while running (exponential backoff), so a consumer restarted while
 /// Redis is down recovers by itself; auth and configuration errors still
-/// fail at once. `None` when shutdown was requested meanwhile.
+/// fail at once. `None` when shutdown was requested meanwhile. While it
+/// waits, `status` says so (alive, not ready: waiting for redis).
 pub async fn connect_ledger(
     settings: &Settings,
     shutdown: &CancellationToken,
+    status: &Status,
 ) -> anyhow::Result<Option<Ledger>> {
     let policy = RetryPolicy::from(&settings.retry);
     let result = retry(
@@ -67,13 +69,18 @@ pub async fn connect_ledger(
         |e: &crate::ledger::LedgerError| e.disposition(),
         |e, delay| {
             metrics::retry("redis");
+            status.waiting("redis", "unreachable at startup, retrying");
             tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "redis unreachable at startup; retrying");
         },
         || Ledger::connect(&settings.redis),
     )
     .await;
+    status.starting();
     match result {
-        Ok(l) => Ok(Some(l)),
+        Ok(l) => {
+            status.set_ledger(l.clone());
+            Ok(Some(l))
+        }
         Err(RetryError::Cancelled(_)) => Ok(None),
         Err(RetryError::Permanent(e)) => Err(anyhow::Error::new(e).context("connecting to Redis")),
     }
@@ -88,6 +95,7 @@ async fn start_transactions(
     publisher: &Publisher,
     offsets: &Offsets,
     shutdown: &CancellationToken,
+    status: &Status,
 ) -> anyhow::Result<Option<Arc<Transactions>>> {
     let policy = RetryPolicy::from(&settings.retry);
     let topic = settings.kafka.input_topic.clone();
@@ -102,6 +110,7 @@ async fn start_transactions(
         },
         |e, delay| {
             metrics::retry("kafka");
+            status.waiting("kafka", "transactions not ready at startup, retrying");
             tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "kafka transactions not ready at startup; retrying");
         },
         || {
@@ -115,6 +124,7 @@ async fn start_transactions(
         },
     )
     .await;
+    status.starting();
     match result {
         Ok(t) => {
             tracing::info!(transactional_id = %settings.kafka.transactional_id(), "exactly_once: transactions started");
@@ -134,7 +144,7 @@ pub async fn run_with_status(
     shutdown: CancellationToken,
     status: Arc<Status>,
 ) -> anyhow::Result<()> {
-    let Some(ledger) = connect_ledger(&settings, &shutdown).await? else {
+    let Some(ledger) = connect_ledger(&settings, &shutdown, &status).await? else {
         return Ok(());
     };
     run_with_ledger(settings, shutdown, status, ledger).await
@@ -154,7 +164,7 @@ pub async fn run_with_ledger(
     let txn = match settings.kafka.delivery {
         Delivery::AtLeastOnce => None,
         Delivery::ExactlyOnce => {
-            match start_transactions(&settings, &publisher, &offsets, &shutdown).await? {
+            match start_transactions(&settings, &publisher, &offsets, &shutdown, &status).await? {
                 Some(t) => Some(t),
                 None => return Ok(()),
             }
@@ -212,7 +222,7 @@ pub async fn run_with_ledger(
     commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
     let mut fatal: Option<anyhow::Error> = None;
-    status.touch();
+    status.running();
 
     loop {
         let stashed = lanes.by_partition.values().any(|l| !l.stash.is_empty());

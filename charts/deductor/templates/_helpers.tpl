@@ -138,24 +138,98 @@ integers; librdkafka properties are always strings.
 {{- $_ := set $http "listen" (printf "0.0.0.0:%d" (int64 .Values.httpPort)) }}
 {{- $_ := set $cfg "http" $http }}
 {{- $sentinel := (default dict (default dict .Values.redis).sentinel) }}
-{{- if $sentinel.enabled }}
-{{- if not $sentinel.hosts }}
-{{- fail "redis.sentinel.enabled needs redis.sentinel.hosts: the sentinels' host:port, e.g. [\"redis.redis.svc:26379\"]" }}
-{{- end }}
 {{- $redis := default dict $cfg.redis }}
-{{- $scheme := ternary "rediss-sentinel" "redis-sentinel" (default false $sentinel.tls) }}
-{{- $_ := set $redis "url" (printf "%s://%s/%s" $scheme (join "," $sentinel.hosts) (default "mymaster" $sentinel.masterSet)) }}
+{{- $_ := set $redis "url" (include "deductor.redisUrl" .) }}
+{{- if $sentinel.enabled }}
 {{- with $sentinel.username }}
 {{- $_ := set $redis "sentinel_username" . }}
 {{- end }}
-{{- $_ := set $cfg "redis" $redis }}
 {{- end }}
+{{- $_ := set $cfg "redis" $redis }}
 # Rendered by the deductor Helm chart from .Values.config; keys as in
 # config/default.toml. Secrets come from the environment, never from here.
 {{- range $section := keys $cfg | sortAlpha }}
 {{- $table := get $cfg $section }}
 {{ include "deductor.tomlTable" (dict "path" (list $section) "table" $table) }}
 {{- end }}
+{{- end }}
+
+{{/*
+config.redis.url as rendered: redis.sentinel writes it when enabled. A
+password in the url is refused: it would land in the ConfigMap.
+*/}}
+{{- define "deductor.redisUrl" -}}
+{{- $sentinel := (default dict (default dict .Values.redis).sentinel) }}
+{{- $url := (default dict .Values.config.redis).url | default "redis://127.0.0.1:6379" }}
+{{- if $sentinel.enabled }}
+{{- if not $sentinel.hosts }}
+{{- fail "redis.sentinel.enabled needs redis.sentinel.hosts: the sentinels' host:port, e.g. [\"redis.redis.svc:26379\"]" }}
+{{- end }}
+{{- $scheme := ternary "rediss-sentinel" "redis-sentinel" (default false $sentinel.tls) }}
+{{- $url = printf "%s://%s/%s" $scheme (join "," $sentinel.hosts) (default "mymaster" $sentinel.masterSet) }}
+{{- end }}
+{{- if regexMatch "^[A-Za-z0-9+.-]+://[^:@/?]*:.+@" $url }}
+{{- fail "config.redis.url (or redis.sentinel.hosts) holds a password (user:password@): it would land in the ConfigMap; leave only redis://[user@]host:port there and put the password in secret.redisPassword or secret.existingSecret (and config.redis.username for the user)" }}
+{{- end }}
+{{- $url }}
+{{- end }}
+
+{{/* "true" when Redis is reached through Sentinel, else "". */}}
+{{- define "deductor.sentinelOn" -}}
+{{- if regexMatch "^rediss?-sentinel://" (include "deductor.redisUrl" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when a Kafka client authenticates with SASL (security.protocol
+SASL_PLAINTEXT or SASL_SSL, or a sasl.mechanism set), else "".
+*/}}
+{{- define "deductor.kafkaSasl" -}}
+{{- $kafka := default dict .Values.config.kafka }}
+{{- range $client := list "consumer" "producer" }}
+{{- $props := default dict (get $kafka $client) }}
+{{- if or (hasPrefix "sasl_" (lower (toString (get $props "security.protocol")))) (hasKey $props "sasl.mechanism") (hasKey $props "sasl.mechanisms") }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The TCP ports the rendered config names, as YAML lists: kafka (every
+bootstrap server, 9092 when left out), redis (the url's hosts, sentinels
+(26379 when left out) and Cluster seed nodes (6379)), otlp (the tracing
+endpoint's port, 80/443 when left out; empty when not exporting).
+*/}}
+{{- define "deductor.configPorts" -}}
+{{- $kafka := list }}
+{{- range $b := splitList "," ((default dict .Values.config.kafka).brokers | default "127.0.0.1:9092") }}
+{{- $b = regexReplaceAll "^[A-Za-z_]+://" (trimAll " " $b) "" }}
+{{- if $b }}
+{{- $m := regexFind ":[0-9]+$" $b }}
+{{- $kafka = append $kafka (ternary (trimPrefix ":" $m | int) 9092 (ne $m "")) }}
+{{- end }}
+{{- end }}
+{{- $url := include "deductor.redisUrl" . }}
+{{- $sentinel := regexMatch "^rediss?-sentinel://" $url }}
+{{- $rest := regexReplaceAll "^[^:]+://" $url "" }}
+{{- $hosts := regexReplaceAll "[/?].*$" (regexReplaceAll "^.*@" (regexReplaceAll "[?].*$" $rest "") "") "" }}
+{{- $nodes := splitList "," $hosts }}
+{{- range regexFindAll "node=[^&]+" $url -1 }}
+{{- $nodes = append $nodes (trimPrefix "node=" .) }}
+{{- end }}
+{{- $redis := list }}
+{{- range $nodes }}
+{{- if . }}
+{{- $m := regexFind ":[0-9]+$" . }}
+{{- $redis = append $redis (ternary (trimPrefix ":" $m | int) (ternary 26379 6379 $sentinel) (ne $m "")) }}
+{{- end }}
+{{- end }}
+{{- $otlp := list }}
+{{- with (default dict .Values.config.tracing).otlp_endpoint }}
+{{- $authority := regexReplaceAll "/.*$" (regexReplaceAll "^[^:]+://" . "") "" }}
+{{- $m := regexFind ":[0-9]+$" $authority }}
+{{- $otlp = append $otlp (ternary (trimPrefix ":" $m | int) (ternary 443 80 (hasPrefix "https://" .)) (ne $m "")) }}
+{{- end }}
+kafka: {{ $kafka | uniq | toJson }}
+redis: {{ $redis | uniq | toJson }}
+otlp: {{ $otlp | toJson }}
 {{- end }}
 
 {{/* One TOML table: its scalar keys, then its sub-tables. */}}
@@ -208,6 +282,24 @@ integers; librdkafka properties are always strings.
 {{- define "deductor.env" -}}
 - name: DEDUCTOR_CONFIG
   value: /etc/deductor/config.toml
+{{- $kafka := default dict .Values.config.kafka }}
+{{- if eq (toString $kafka.delivery) "exactly_once" }}
+{{- $keda := .Values.autoscaling.keda }}
+{{- $pods := ternary (int64 $keda.maxReplicaCount) (int64 .Values.replicaCount) $keda.enabled }}
+{{- if and $kafka.transactional_id (gt $pods 1) }}
+{{- fail (printf "config.kafka.transactional_id (%s) would be shared by up to %d pods: in exactly_once each registration fences the other pods' producers, for ever; leave it empty, and the chart gives each pod its own id, <group_id>-<pod name>" $kafka.transactional_id $pods) }}
+{{- end }}
+{{- if not $kafka.transactional_id }}
+# exactly_once: a transactional.id per pod, stable across container restarts
+# (a restarted container aborts its predecessor's open transaction at once).
+- name: DEDUCTOR_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: DEDUCTOR_KAFKA_TRANSACTIONAL_ID
+  value: {{ printf "%s-$(DEDUCTOR_POD_NAME)" (default "deductor" $kafka.group_id) | quote }}
+{{- end }}
+{{- end }}
 {{- if .Values.staticMembership.enabled }}
 - name: DEDUCTOR_KAFKA_GROUP_INSTANCE_ID
   valueFrom:
@@ -267,19 +359,26 @@ integers; librdkafka properties are always strings.
 {{- end }}
 
 {{/*
-The Secret's keys the pods use, as YAML (redisPassword, kafkaSaslPassword:
-the key names): every key of an existing Secret whose name is not empty, or
-the keys of the chart's Secret that have a value.
+The Secret's keys the pods use, as YAML (redisPassword, kafkaSaslPassword,
+sentinelPassword: the key names). Only the keys the config needs: the
+sentinels' password only with Sentinel, the Kafka SASL password only when
+a Kafka client uses SASL (or the chart's Secret holds one). Of an existing
+Secret, every such key whose name is not empty; of the chart's Secret, the
+keys that have a value.
 */}}
 {{- define "deductor.secretKeys" -}}
 {{- $s := .Values.secret }}
+{{- $sentinel := include "deductor.sentinelOn" . }}
+{{- if and $s.sentinelPassword (not $sentinel) }}
+{{- fail "secret.sentinelPassword is set, but Redis is not reached through Sentinel (redis.sentinel.enabled, or a redis-sentinel:// config.redis.url): the service refuses sentinel credentials without Sentinel; leave it empty" }}
+{{- end }}
 {{- if and (or $s.existingSecret $s.redisPassword) $s.keys.redisPassword }}
 redisPassword: {{ $s.keys.redisPassword | quote }}
 {{- end }}
-{{- if and (or $s.existingSecret $s.kafkaSaslPassword) $s.keys.kafkaSaslPassword }}
+{{- if and (or $s.kafkaSaslPassword (and $s.existingSecret (include "deductor.kafkaSasl" .))) $s.keys.kafkaSaslPassword }}
 kafkaSaslPassword: {{ $s.keys.kafkaSaslPassword | quote }}
 {{- end }}
-{{- if and (or $s.existingSecret $s.sentinelPassword) $s.keys.sentinelPassword }}
+{{- if and $sentinel (or $s.existingSecret $s.sentinelPassword) $s.keys.sentinelPassword }}
 sentinelPassword: {{ $s.keys.sentinelPassword | quote }}
 {{- end }}
 {{- end }}
