@@ -17,7 +17,7 @@ pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script
 
 /// The operators' user for `promo set|show` and `audit`, as documented.
 pub(super) const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +incr +hset +hdel +del +hgetall +hget +get +type +scan";
+    +exists +incr +hset +hdel +del +hgetall +hget +get +set +type +scan";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
     let mut v = vec![
