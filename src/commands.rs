@@ -104,11 +104,22 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
                 .iter()
                 .map(|p| promotion_id(p))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            // A lost dataset audits clean (nothing left to breach): it fails
+            // the audit by itself. Kafka not answering only warns.
+            let dataset = crate::admin::dataset::judge(&ledger, &settings.kafka).await?;
+            let lost = matches!(dataset, crate::admin::dataset::Dataset::Lost { .. });
+            if !matches!(
+                dataset,
+                crate::admin::dataset::Dataset::Marked(_) | crate::admin::dataset::Dataset::Fresh
+            ) {
+                eprintln!("audit: {dataset}");
+            }
             let clean = if a.output.json() {
-                audit_json(&ledger, &ids).await?
+                audit_json(&ledger, &ids, &dataset).await?
             } else {
                 crate::admin::audit::run(&ledger, &ids).await?
             };
+            let clean = clean && !lost;
             Ok(if clean {
                 ExitCode::SUCCESS
             } else {
@@ -277,7 +288,11 @@ async fn lookup(a: LookupArgs, settings: &Settings, event: bool) -> anyhow::Resu
 /// `audit --output json`: the figures and breaches `audit::audit_one`
 /// finds (its judging untouched), one object per promotion; true when no
 /// breach was found.
-async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
+async fn audit_json(
+    ledger: &Ledger,
+    ids: &[Id],
+    dataset: &crate::admin::dataset::Dataset,
+) -> anyhow::Result<bool> {
     let ids = if ids.is_empty() {
         crate::admin::audit::promotions(ledger).await?
     } else {
@@ -305,8 +320,11 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
             "breaches": r.breaches,
         }));
     }
+    let lost = matches!(dataset, crate::admin::dataset::Dataset::Lost { .. });
     print_json(&serde_json::json!({
-        "clean": clean,
+        "clean": clean && !lost,
+        "dataset_lost": lost,
+        "ledger": dataset.to_string(),
         "audited": items.len(),
         "promotions": items,
     }));
@@ -339,6 +357,12 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             else {
                 return Ok(());
             };
+            // In the background: Kafka may be slow to answer, and startup
+            // waits for nothing but the pipeline's own dependencies.
+            {
+                let (ledger, kafka) = (ledger.clone(), settings.kafka.clone());
+                tokio::spawn(async move { admin::dataset::at_startup(&ledger, &kafka).await });
+            }
             pipeline::run_with_ledger(settings, shutdown, status, ledger).await
         }
     };

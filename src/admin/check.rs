@@ -6,7 +6,9 @@
 //! but can lose or replay data: Redis without AOF or with an evicting
 //! `maxmemory-policy`, and a consumer group without committed offsets that
 //! `auto.offset.reset=earliest` would start from the beginning of a topic
-//! holding records. Warnings never fail the check.
+//! holding records, and a Redis that lost its dataset (the ledger marker
+//! gone while the group has committed offsets: [`super::dataset`]).
+//! Warnings never fail the check.
 
 use std::time::Duration;
 
@@ -220,6 +222,27 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     Ok(KafkaFacts { topics, offsets })
 }
 
+/// Whether the group has a committed offset on any partition of the input
+/// topic (blocking: librdkafka calls). An error names what could not be read.
+pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
+    let mut config = consumer_config(k);
+    config.set("statistics.interval.ms", "0");
+    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    let md = consumer
+        .fetch_metadata(Some(&k.input_topic), Duration::from_secs(10))
+        .map_err(|e| format!("metadata of {} from {}: {e}", k.input_topic, k.brokers))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == k.input_topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Ok(false);
+    }
+    uncommitted(&consumer, k, &partitions).map(|u| !u.all)
+}
+
 /// The group coordinator is being elected or loaded: ask again.
 fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -334,6 +357,7 @@ pub async fn run(settings: &Settings) -> Report {
                 }
             }
             durability_check(&mut r, &ledger).await;
+            dataset_check(&mut r, &ledger, &settings.kafka).await;
             ledger.quit().await;
         }
     }
@@ -403,6 +427,22 @@ fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
                 k.input_topic
             ),
         );
+    }
+}
+
+/// The ledger marker against the group's committed offsets
+/// ([`super::dataset`]): a lost dataset is a warning here (`audit` fails).
+async fn dataset_check(r: &mut Report, ledger: &Ledger, k: &KafkaSettings) {
+    use super::dataset::Dataset;
+    match super::dataset::judge(ledger, k).await {
+        Ok(d @ Dataset::Lost { .. }) | Ok(d @ Dataset::Unknown(_)) => {
+            r.warn("ledger", d.to_string())
+        }
+        Ok(d) => r.ok("ledger", d.to_string()),
+        Err(e) => r.warn(
+            "ledger",
+            format!("the ledger marker could not be read: {e}"),
+        ),
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod check;
+pub mod dataset;
 pub mod dlq;
 pub mod healthcheck;
 pub mod lookup;
@@ -187,7 +188,11 @@ async fn set_as(
 ) -> Result<PromoSetResult, AdminError> {
     spec.validate()?;
     let fields = spec.fields();
-    match ledger.promo_set(p, mode, fields).await? {
+    let reply = ledger.promo_set(p, mode, fields).await?;
+    // The first promotion of a ledger marks it (created once): a Redis that
+    // later comes back empty is told apart from one never used (`dataset`).
+    ledger.ensure_ledger_marker().await?;
+    match reply {
         SetReply::Created => Ok(PromoSetResult::Created),
         SetReply::Replaced => Ok(PromoSetResult::Replaced),
         SetReply::Exists => Err(AdminError::Exists(p.clone())),

@@ -34,6 +34,15 @@ impl Keys {
         &self.prefix
     }
 
+    /// `promo:ledger`: the ledger marker (`"<creation id> <unix secs>"`),
+    /// written once by the first `promo set`; its absence while the
+    /// consumer group has committed offsets means Redis lost its dataset
+    /// (`admin::dataset`). No hash tag: it belongs to no promotion, and no
+    /// promotion key (`promo:{P}...`) can be named like it.
+    pub fn ledger_marker(&self) -> String {
+        format!("{}:ledger", self.prefix)
+    }
+
     /// `promo:{P}`
     pub fn promotion(&self, p: &Id) -> String {
         format!("{}:{{{}}}", self.prefix, p)

@@ -15,6 +15,7 @@ pub mod calls;
 pub mod connect;
 pub mod durability;
 pub mod error;
+pub mod marker;
 pub mod order;
 pub mod promo;
 pub mod reply;

@@ -95,8 +95,8 @@ async fn multi_promotion_orders_across_nodes() {
     let start = r.dump().await;
     assert_eq!(
         start.len(),
-        6,
-        "three hashes and their gen keys: {start:#?}"
+        7,
+        "three hashes, their gen keys and the ledger marker: {start:#?}"
     );
 
     // Accepted over three nodes, then a replay is absorbed.

@@ -130,6 +130,9 @@ async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), Te
     for i in 0..specs().len() {
         seed(&r, &mut model, i, false).await;
     }
+    // The ledger marker the first `promo set` wrote: never touched again.
+    model.marker = r.get(&keys.ledger_marker()).await;
+    assert!(model.marker.is_some(), "promo set writes the ledger marker");
     // event id -> (event, first decision)
     let mut history: Vec<(Event, Decision)> = Vec::new();
     // Placements a zombie delivery left half done.

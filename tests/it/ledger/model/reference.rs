@@ -105,6 +105,8 @@ pub(super) struct Model {
     /// (promotion, refund event): a refund line that met corrupt data
     /// (memo `refund:{E}` = "rejected corrupt_promotion").
     pub(super) refund_corrupt: std::collections::BTreeSet<(usize, String)>,
+    /// The ledger marker (`promo:ledger`), as the first `promo set` wrote it.
+    pub(super) marker: Option<String>,
 }
 
 pub(super) struct Line {
@@ -616,6 +618,15 @@ impl Model {
             d.insert(
                 keys.refund(&p(*i), &id(e)),
                 ttl(DumpedValue::String("rejected corrupt_promotion".into())),
+            );
+        }
+        if let Some(m) = &self.marker {
+            d.insert(
+                keys.ledger_marker(),
+                Dumped {
+                    value: DumpedValue::String(m.clone()),
+                    expires: false,
+                },
             );
         }
         for (i, e) in &self.absorbed {

@@ -368,3 +368,105 @@ fn dev_stack_cluster_ids_never_start_with_a_dash() {
         assert!(!id.starts_with('-'), "{id:?} starts with '-'");
     }
 }
+
+/// Issue 25, item 4: a Redis restarted empty (AOF off) went unnoticed:
+/// `audit` reported "no breach" (exit 0) and redelivered placements were
+/// decided afresh. `promo set` now writes the ledger marker (once); once
+/// the group has committed offsets, the marker gone with every promotion
+/// makes `check` warn, `audit` fail (exit 1) and `run` log an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_redis_dataset_is_warned_by_check_and_run_and_fails_audit() {
+    use deductor::admin::PromoSpec;
+    use fred::prelude::KeysInterface;
+    use futures::TryStreamExt;
+
+    let f = Fixture::new("lost-dataset", 1).await;
+    let ledger = f.ledger().await;
+    let spec = PromoSpec {
+        stock: Some(10),
+        ..PromoSpec::default()
+    };
+    f.promo(&ledger, "p", spec.clone()).await;
+    let marker = ledger
+        .ledger_marker()
+        .await
+        .unwrap()
+        .expect("promo set writes the ledger marker");
+    assert_eq!(marker.id.len(), 32, "{marker:?}");
+    f.promo(&ledger, "q", spec).await;
+    assert_eq!(
+        ledger.ledger_marker().await.unwrap(),
+        Some(marker.clone()),
+        "written once"
+    );
+
+    // The group decides an event and commits it.
+    let e1 = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
+        "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
+        "lines": [{"promotion_id": "p", "stock": 1}]});
+    kafka::produce_events(&f.topics.input, &[e1]).await;
+    let svc = service::start(f.settings(&[]));
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
+        .await;
+    svc.stop(Duration::from_secs(30)).await.0.unwrap();
+
+    let o = deductor(&f.env(&[]), &["check"]).await;
+    assert_exit(&o, 0, "check of an intact dataset");
+    assert!(
+        stdout(&o).contains(&format!("ok    ledger: ledger marker {}", marker.id)),
+        "{}",
+        stdout(&o)
+    );
+    assert_exit(
+        &deductor(&f.env(&[]), &["audit"]).await,
+        0,
+        "audit of an intact dataset",
+    );
+
+    // Redis restarts empty: every key under the prefix is gone.
+    let keys: Vec<fred::prelude::Key> = ledger
+        .pool()
+        .next()
+        .scan_buffered(format!("{}:*", f.prefix), Some(1000), None)
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(!keys.is_empty());
+    let _: i64 = ledger.pool().del(keys).await.unwrap();
+
+    let o = deductor(&f.env(&[]), &["check"]).await;
+    assert_exit(&o, 0, "check warns, never fails, on a lost dataset");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("WARN  ledger"))
+        .unwrap_or_else(|| panic!("a ledger warning: {out}"));
+    assert!(line.contains("Redis has lost its dataset"), "{line}");
+    let o = deductor(&f.env(&[]), &["audit"]).await;
+    assert_exit(&o, 1, "audit of a lost dataset");
+    assert!(
+        stderr(&o).contains("Redis has lost its dataset"),
+        "{}",
+        stderr(&o)
+    );
+    let o = deductor(&f.env(&[]), &["audit", "--output", "json"]).await;
+    assert_exit(&o, 1, "audit --output json of a lost dataset");
+    let v = json_of(&o);
+    assert_eq!(v["clean"], false, "{v:#}");
+    assert_eq!(v["dataset_lost"], true, "{v:#}");
+
+    // `run` says so in its log, and keeps running.
+    let mut child = service::spawn(&f.env(&[]), &["run"]);
+    child
+        .wait_for_log("Redis has lost its dataset", Duration::from_secs(60))
+        .await;
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "deductor run exits 0 on SIGTERM: {status}"
+    );
+    ledger.quit().await;
+    f.cleanup().await;
+}

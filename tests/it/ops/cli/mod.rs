@@ -74,9 +74,13 @@ fn free_port() -> u16 {
 
 /// `deductor <args>` under a test Redis's prefix.
 async fn admin(r: &crate::common::redis::TestRedis, args: &[&str]) -> Output {
+    // The test stack's brokers: `audit` asks the group's offsets when a
+    // prefix has no ledger marker (the default group has none committed).
+    let brokers = crate::common::kafka::brokers();
     let e = env(&[
         ("DEDUCTOR_REDIS_URL", &r.url),
         ("DEDUCTOR_REDIS_KEY_PREFIX", &r.prefix),
+        ("DEDUCTOR_KAFKA_BROKERS", &brokers),
         ("DEDUCTOR_LOG_LEVEL", "warn"),
     ]);
     deductor(&e, args).await

@@ -20,7 +20,7 @@ pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script
 /// `DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`,
 /// `COUNTKEYSINSLOT` and `GETKEYSINSLOT` on a Cluster).
 pub(super) const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +incr +hset +hdel +del +hgetall +hget +get +type +scan +dbsize +cluster|keyslot \
+    +exists +incr +hset +hdel +del +hgetall +hget +get +set +type +scan +dbsize +cluster|keyslot \
     +cluster|countkeysinslot +cluster|getkeysinslot";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
