@@ -25,16 +25,36 @@
 
 local k_promo, mode, prefix = KEYS[1], ARGV[1], ARGV[2]
 
-local function read(key)
-  local t = redis.call('TYPE', key).ok
-  if t == 'hash' then
-    local out = { t }
-    for _, v in ipairs(redis.call('HGETALL', key)) do out[#out + 1] = v end
-    return out
-  elseif t == 'string' then
-    return { t, redis.call('GET', key) }
+-- The fields lib.lua's read_promotion / read_record look at (others, such as a
+-- record's refund:<E> results, are ignored as the scripts ignore them).
+local FIELDS = { 'state', 'event', 'customer', 'gen', 'absorbed', 'budget', 'stock', 'budget0',
+  'stock0', 'counted', 'per_customer', 'status', 'starts_at', 'ends_at', 'initial_budget',
+  'initial_stock' }
+
+-- {type, values...}: "hash" and its known fields as flat pairs, "string" and its value,
+-- "none", or another type (corrupt). No TYPE call unless the read fails.
+local function read(key, as_hash)
+  local r = redis.pcall(as_hash and 'HMGET' or 'GET', key, unpack(as_hash and FIELDS or {}))
+  if type(r) == 'table' and r.err then
+    local t = redis.call('TYPE', key).ok
+    if t == 'hash' then return read(key, true) end
+    if t == 'string' then return { t, redis.call('GET', key) } end
+    return { t }
   end
-  return { t }
+  if not as_hash then
+    if r == false then return { 'none' } end
+    return { 'string', r }
+  end
+  local out, any = { 'hash' }, false
+  for i, f in ipairs(FIELDS) do
+    if r[i] then
+      out[#out + 1] = f
+      out[#out + 1] = r[i]
+      any = true
+    end
+  end
+  if not any and redis.call('EXISTS', key) == 0 then return { 'none' } end
+  return out
 end
 
 local keys = {}
@@ -62,12 +82,12 @@ local records, counters, seen = {}, {}, {}
 local function counter(key)
   if seen[key] then return end
   seen[key] = true
-  local r = read(key)
+  local r = read(key, false)
   counters[#counters + 1] = { key, r[1], r[2] }
 end
 for _, k in ipairs(keys) do
   if string.sub(k, 1, #order_prefix) == order_prefix then
-    local r = read(k)
+    local r = read(k, true)
     table.insert(r, 1, k)
     records[#records + 1] = r
     if r[2] == 'hash' then
@@ -79,4 +99,4 @@ for _, k in ipairs(keys) do
     counter(k)
   end
 end
-return { 'ok', read(k_promo), records, counters }
+return { 'ok', read(k_promo, true), records, counters }

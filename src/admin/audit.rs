@@ -158,13 +158,18 @@ pub async fn promotions(ledger: &Ledger) -> Result<Vec<Id>, LedgerError> {
 /// that, the keys are listed first, and a breach counts only when no key
 /// of the promotion appeared between the listing and a second one.
 pub async fn audit_one(ledger: &Ledger, p: &Id) -> Result<Report, LedgerError> {
+    audit_one_within(ledger, p, SCAN_IN_SCRIPT_LIMIT).await
+}
+
+/// [`audit_one`] with the largest standalone keyspace scanned inside the
+/// script (`0`: always list first, as on a large server).
+pub async fn audit_one_within(ledger: &Ledger, p: &Id, limit: u64) -> Result<Report, LedgerError> {
     if ledger.is_clustered() {
         return match ledger.audit_read(p, AuditMode::Slot).await? {
             AuditReply::Read(s) => Ok(report(ledger.keys(), p, &s)),
             AuditReply::TooBig(_) => Err(LedgerError::malformed("audit", "too_big in slot mode")),
         };
     }
-    let limit = SCAN_IN_SCRIPT_LIMIT;
     if let AuditReply::Read(s) = ledger.audit_read(p, AuditMode::Scan { limit }).await? {
         return Ok(report(ledger.keys(), p, &s));
     }

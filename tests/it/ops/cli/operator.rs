@@ -17,9 +17,18 @@ use crate::common::service::{self, Fixture};
 async fn check_and_run_refuse_what_librdkafka_refuses_naming_the_key() {
     let f = Fixture::new("ops-kcfg", 1).await;
     for (set, key) in [
-        ("kafka.produce_timeout_ms=3000000000", "kafka.produce_timeout_ms"),
-        ("kafka.producer.compression.type=lz5", "kafka.producer.\"compression.type\""),
-        ("kafka.consumer.session.timeout.ms=nope", "kafka.consumer.\"session.timeout.ms\""),
+        (
+            "kafka.produce_timeout_ms=3000000000",
+            "kafka.produce_timeout_ms",
+        ),
+        (
+            "kafka.producer.compression.type=lz5",
+            "kafka.producer.\"compression.type\"",
+        ),
+        (
+            "kafka.consumer.session.timeout.ms=nope",
+            "kafka.consumer.\"session.timeout.ms\"",
+        ),
     ] {
         for cmd in ["check", "run"] {
             let o = deductor(&f.env(&[]), &[cmd, "--set", set]).await;
@@ -76,7 +85,12 @@ async fn output_to_a_closed_pipe_ends_quietly() {
 }
 
 /// The process's output, with everything a run of `secs` wrote.
-async fn run_for(e: &[(String, String)], args: &[&str], secs: u64, scrape: Option<String>) -> (Output, String) {
+async fn run_for(
+    e: &[(String, String)],
+    args: &[&str],
+    secs: u64,
+    scrape: Option<String>,
+) -> (Output, String) {
     let mut c = service::command(e);
     c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("spawning deductor");
@@ -122,35 +136,87 @@ async fn secrets_never_print() {
     let file = dir.path().join("secret");
     std::fs::write(&file, format!("{secret}\n")).unwrap();
     let file = file.to_str().unwrap().to_owned();
-    let redis_host = f.redis_url.split_once("://").map_or("", |(_, h)| h).to_owned();
+    let redis_host = f
+        .redis_url
+        .split_once("://")
+        .map_or("", |(_, h)| h)
+        .to_owned();
     let s = secret.as_str();
     // (what, the settings that carry the secret)
     let shapes: Vec<(&str, Vec<(String, String)>)> = vec![
-        ("url password", vec![("redis.url".into(), format!("redis://admin:{s}@{redis_host}"))]),
-        ("url typo //", vec![("redis.url".into(), format!("redis//admin:{s}@{redis_host}"))]),
-        ("url without scheme", vec![("redis.url".into(), format!("admin:{s}@{redis_host}"))]),
-        ("url :/", vec![("redis.url".into(), format!("redis:/admin:{s}@{redis_host}"))]),
-        ("url password only", vec![("redis.url".into(), format!("redis://:{s}@127.0.0.1:1"))]),
+        (
+            "url password",
+            vec![(
+                "redis.url".into(),
+                format!("redis://admin:{s}@{redis_host}"),
+            )],
+        ),
+        (
+            "url typo //",
+            vec![("redis.url".into(), format!("redis//admin:{s}@{redis_host}"))],
+        ),
+        (
+            "url without scheme",
+            vec![("redis.url".into(), format!("admin:{s}@{redis_host}"))],
+        ),
+        (
+            "url :/",
+            vec![("redis.url".into(), format!("redis:/admin:{s}@{redis_host}"))],
+        ),
+        (
+            "url password only",
+            vec![("redis.url".into(), format!("redis://:{s}@127.0.0.1:1"))],
+        ),
         ("redis password", vec![("redis.password".into(), s.into())]),
-        ("redis password file", vec![("redis.password_file".into(), file.clone())]),
-        ("sentinel password, not sentinel", vec![("redis.sentinel_password".into(), s.into())]),
-        ("sentinel password file", vec![("redis.sentinel_password_file".into(), file.clone())]),
+        (
+            "redis password file",
+            vec![("redis.password_file".into(), file.clone())],
+        ),
+        (
+            "sentinel password, not sentinel",
+            vec![("redis.sentinel_password".into(), s.into())],
+        ),
+        (
+            "sentinel password file",
+            vec![("redis.sentinel_password_file".into(), file.clone())],
+        ),
         (
             "sentinel url",
             vec![
-                ("redis.url".into(), "redis-sentinel://127.0.0.1:1/deductor".into()),
+                (
+                    "redis.url".into(),
+                    "redis-sentinel://127.0.0.1:1/deductor".into(),
+                ),
                 ("redis.sentinel_password".into(), s.into()),
             ],
         ),
-        ("consumer sasl", vec![("kafka.consumer.sasl.password".into(), s.into())]),
-        ("producer sasl", vec![("kafka.producer.sasl.password".into(), s.into())]),
-        ("sasl file", vec![("kafka.sasl_password_file".into(), file.clone())]),
-        ("misspelled consumer", vec![("kafka.consumer.sasl.passwrd".into(), s.into())]),
-        ("misspelled producer", vec![("kafka.producer.ssl.key.pasword".into(), s.into())]),
+        (
+            "consumer sasl",
+            vec![("kafka.consumer.sasl.password".into(), s.into())],
+        ),
+        (
+            "producer sasl",
+            vec![("kafka.producer.sasl.password".into(), s.into())],
+        ),
+        (
+            "sasl file",
+            vec![("kafka.sasl_password_file".into(), file.clone())],
+        ),
+        (
+            "misspelled consumer",
+            vec![("kafka.consumer.sasl.passwrd".into(), s.into())],
+        ),
+        (
+            "misspelled producer",
+            vec![("kafka.producer.ssl.key.pasword".into(), s.into())],
+        ),
         (
             "sasl login refused",
             vec![
-                ("kafka.consumer.security.protocol".into(), "SASL_PLAINTEXT".into()),
+                (
+                    "kafka.consumer.security.protocol".into(),
+                    "SASL_PLAINTEXT".into(),
+                ),
                 ("kafka.consumer.sasl.mechanisms".into(), "PLAIN".into()),
                 ("kafka.consumer.sasl.username".into(), "u".into()),
                 ("kafka.consumer.sasl.password".into(), s.into()),
@@ -163,7 +229,15 @@ async fn secrets_never_print() {
     let commands: Vec<Vec<&str>> = vec![
         vec!["check"],
         vec!["check", "--output", "json"],
-        vec!["promo", "set", "sec", "--stock", "1", "--force", "--discard-outstanding"],
+        vec![
+            "promo",
+            "set",
+            "sec",
+            "--stock",
+            "1",
+            "--force",
+            "--discard-outstanding",
+        ],
         vec!["promo", "show", "sec"],
         vec!["promo", "list"],
         vec!["promo", "pause", "sec"],
@@ -177,22 +251,37 @@ async fn secrets_never_print() {
         vec!["promo", "delete", "sec", "--force"],
     ];
     for (what, settings) in &shapes {
-        let mut extra: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut extra: Vec<(&str, &str)> = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         extra.push(("log.level", "trace"));
         extra.push(("redis.connect_timeout_ms", "500"));
         extra.push(("kafka.produce_timeout_ms", "1500"));
         let mut e = f.env(&extra);
         // Pass-through properties by --set (their names hold dots).
         let mut sets: Vec<String> = Vec::new();
-        e.retain(|(k, _)| !k.starts_with("DEDUCTOR_KAFKA_CONSUMER_") && !k.starts_with("DEDUCTOR_KAFKA_PRODUCER_"));
-        for (k, v) in settings.iter().filter(|(k, _)| k.starts_with("kafka.consumer.") || k.starts_with("kafka.producer.")) {
+        e.retain(|(k, _)| {
+            !k.starts_with("DEDUCTOR_KAFKA_CONSUMER_") && !k.starts_with("DEDUCTOR_KAFKA_PRODUCER_")
+        });
+        for (k, v) in settings
+            .iter()
+            .filter(|(k, _)| k.starts_with("kafka.consumer.") || k.starts_with("kafka.producer."))
+        {
             sets.push("--set".into());
             sets.push(format!("{k}={v}"));
         }
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         let assert_clean = |o: &Output, extra: &str, cmd: &str| {
-            for (name, text) in [("stdout", stdout(o)), ("stderr", stderr(o)), ("metrics", extra.to_owned())] {
-                assert!(!text.contains(s), "{what}: `{cmd}` printed the secret on {name}: {text}");
+            for (name, text) in [
+                ("stdout", stdout(o)),
+                ("stderr", stderr(o)),
+                ("metrics", extra.to_owned()),
+            ] {
+                assert!(
+                    !text.contains(s),
+                    "{what}: `{cmd}` printed the secret on {name}: {text}"
+                );
             }
         };
         for cmd in &commands {

@@ -16,11 +16,11 @@ pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script
     +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
 
 /// The operators' user for `promo set|show` and `audit`, as documented
-/// (`audit.lua` reads with `TYPE`, `HGETALL`, `GET`, and lists keys with
+/// (`audit.lua` reads with `HMGET`, `GET`, `EXISTS`, `TYPE`, and lists keys with
 /// `DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`,
 /// `COUNTKEYSINSLOT` and `GETKEYSINSLOT` on a Cluster).
 pub(super) const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +incr +hset +hdel +del +hgetall +hget +get +set +type +scan +dbsize +cluster|keyslot \
+    +exists +incr +hset +hdel +del +hgetall +hget +hmget +get +set +type +scan +dbsize +cluster|keyslot \
     +cluster|countkeysinslot +cluster|getkeysinslot";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
