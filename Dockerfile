@@ -2,12 +2,22 @@
 #
 # deductor container image.
 #
-#   docker build -t deductor:dev .
-#   docker run --rm deductor:dev --help
+#   docker build -t deductor:dev \
+#     --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
+#   docker run --rm deductor:dev --version
 #
 # Stage 1 builds the release binary (rdkafka builds its bundled librdkafka,
-# linked against the system OpenSSL and zlib). Stage 2 is a slim Debian with
-# only the shared libraries the binary needs, running as uid 10001.
+# linked against the system OpenSSL and zlib) and its CycloneDX SBOM
+# (cargo-cyclonedx, from Cargo.lock). Stage 2 is a slim Debian with only the
+# shared libraries the binary needs, running as uid 10001, with the SBOM in
+# /usr/share/doc/deductor/deductor.cdx.json and the OCI annotations as labels
+# (scripts/check-artifacts checks both).
+#
+# REVISION (the git commit) goes into the binary too (`deductor --version`,
+# the deductor_build_info metric): the build context has no .git, so
+# build.rs takes it from DEDUCTOR_GIT_COMMIT; without it the binary says
+# "unknown". SOURCE_DATE_EPOCH, when given, fixes the build date.
 
 ARG RUST_VERSION=1
 ARG DEBIAN_RELEASE=bookworm
@@ -23,6 +33,10 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake libssl-dev pkg-config zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
+
+# The SBOM generator, pinned (the same version scripts/check-artifacts uses).
+ARG CYCLONEDX_VERSION=0.5.9
+RUN cargo install --locked --version "${CYCLONEDX_VERSION}" cargo-cyclonedx
 
 WORKDIR /src
 
@@ -53,9 +67,17 @@ RUN mkdir -p src \
 
 # The real sources (lua/ and config/ are compiled in with include_str!).
 # Only the service binary: the benchmark and chaos tools stay out of the image.
+# The SBOM: the service's normal dependencies for the image's platform, as
+# resolved by Cargo.lock (cargo-cyclonedx writes one per workspace member,
+# deductor.sbom.json beside each Cargo.toml; the root one is the service's).
 COPY . .
-RUN cargo build --release --locked --bin deductor \
- && install -D -m 0755 target/release/deductor /out/deductor
+ARG REVISION=unknown
+ARG SOURCE_DATE_EPOCH
+RUN DEDUCTOR_GIT_COMMIT=${REVISION} cargo build --release --locked --bin deductor \
+ && install -D -m 0755 target/release/deductor /out/deductor \
+ && cargo cyclonedx --format json --spec-version 1.5 --no-build-deps \
+      --target "$(rustc -vV | sed -n 's/^host: //p')" --override-filename deductor.sbom \
+ && install -D -m 0644 deductor.sbom.json /out/deductor.cdx.json
 
 # ---------------------------------------------------------------------------
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
@@ -63,9 +85,12 @@ FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
+# The repository the image is built from (a URL); pass it with --build-arg.
+ARG SOURCE=unknown
 
 LABEL org.opencontainers.image.title="deductor" \
       org.opencontainers.image.description="Applies promotion deductions from a Kafka event stream with atomic Redis Lua scripts" \
+      org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
@@ -83,6 +108,8 @@ RUN apt-get update \
       --home-dir /nonexistent --shell /usr/sbin/nologin deductor
 
 COPY --from=builder /out/deductor /usr/local/bin/deductor
+# The CycloneDX SBOM of the binary (what ships, with versions and licenses).
+COPY --from=builder /out/deductor.cdx.json /usr/share/doc/deductor/deductor.cdx.json
 
 # Numeric ids, so that Kubernetes' runAsNonRoot can verify them.
 USER 10001:10001

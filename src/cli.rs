@@ -14,7 +14,7 @@ use crate::config::{ConfigError, Settings};
 #[derive(Debug, Parser)]
 #[command(
     name = "deductor",
-    version,
+    version = crate::build_info::LONG_VERSION,
     about = "Applies promotion deductions from Kafka events with atomic Redis scripts",
     after_help = "Exit codes: 0 ok; 1 a check failed, a breach was found, or the command was \
                   refused or failed; 2 a usage or configuration error; 3 Kafka or Redis could \

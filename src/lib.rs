@@ -11,6 +11,7 @@
 //! - [`ops`]: HTTP metrics and health; [`admin`]: promo set/show, audit, publish.
 
 pub mod admin;
+pub mod build_info;
 pub mod cli;
 pub mod commands;
 pub mod config;

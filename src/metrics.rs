@@ -106,12 +106,21 @@ pub fn describe() {
         REDIS_WAIT_SHORTFALLS,
         "Events whose WAIT found fewer replicas than redis.wait_replicas with their writes (or whose connection changed); each is retried."
     );
-    describe_gauge!(BUILD_INFO, "Always 1; the labels carry the version.");
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the labels carry the version, the git commit and the build date."
+    );
     describe_counter!(
         DLQ_REDRIVES,
         "Dead letters handled by `deductor dlq replay`, by result (redriven, would_redrive, skipped, failed)."
     );
-    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    gauge!(
+        BUILD_INFO,
+        "version" => crate::build_info::VERSION,
+        "commit" => crate::build_info::COMMIT,
+        "build_date" => crate::build_info::BUILD_DATE
+    )
+    .set(1.0);
 }
 
 pub fn event(event_type: &'static str, outcome: &'static str) {

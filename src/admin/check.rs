@@ -21,6 +21,8 @@ use crate::error::{EXIT_FAILED, EXIT_UNREACHABLE};
 use crate::kafka::consumer::consumer_config;
 use crate::ledger::{ErrorClass, Ledger, LedgerError};
 
+mod servers;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Ok,
@@ -324,6 +326,7 @@ pub async fn run(settings: &Settings) -> Report {
                 r.ok("topic", format!("{t} ({n} partitions)"));
             }
             offsets_check(&mut r, &settings.kafka, &facts);
+            servers::kafka(&mut r, &settings.kafka).await;
         }
         Err(f) => r.fail("kafka", f.detail, f.unreachable),
     }
@@ -357,6 +360,7 @@ pub async fn run(settings: &Settings) -> Report {
                 }
             }
             durability_check(&mut r, &ledger).await;
+            servers::redis(&mut r, &ledger).await;
             dataset_check(&mut r, &ledger, &settings.kafka).await;
             ledger.quit().await;
         }

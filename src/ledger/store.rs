@@ -114,7 +114,7 @@ impl Ledger {
             .map_err(|e| LedgerError::redis("exists", e))
     }
 
-    /// `INFO persistence` and `INFO memory` of every primary (of the one
+    /// `INFO persistence`, `INFO memory` and `INFO server` of every primary (of the one
     /// server when not a Cluster).
     pub async fn primaries_info(&self) -> Vec<NodeInfo> {
         let client = self.pool().next();
@@ -138,9 +138,12 @@ impl Ledger {
             let text = match (
                 info(InfoKind::Persistence).await,
                 info(InfoKind::Memory).await,
+                info(InfoKind::Server).await,
             ) {
-                (Ok(p), Ok(m)) => Ok(format!("{p}\n{m}")),
-                (Err(e), _) | (_, Err(e)) => Err(LedgerError::redis("info", e)),
+                (Ok(p), Ok(m), Ok(s)) => Ok(format!("{p}\n{m}\n{s}")),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    Err(LedgerError::redis("info", e))
+                }
             };
             out.push(NodeInfo {
                 node: node.map(|s| s.to_string()).unwrap_or_default(),

@@ -89,3 +89,15 @@ pub async fn stack_exclusive() -> Exclusive {
         changed.await;
     }
 }
+
+/// The commit this checkout is at (`git rev-parse HEAD`), or None outside a
+/// git checkout (a tarball: the binary then says `unknown`).
+pub fn git_head() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}

@@ -62,6 +62,24 @@ async fn configuration_errors_name_the_key_in_one_line() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_names_the_commit_and_the_build_date() {
+    let o = deductor(&env(&[]), &["--version"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let commit = crate::common::git_head().unwrap_or_else(|| "unknown".to_owned());
+    // deductor 0.1.0 (commit <sha>, built 2026-12-01T21:05:00Z)
+    let prefix = format!(
+        "deductor {} (commit {commit}, built 20",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        out.starts_with(&prefix),
+        "{out:?} does not start with {prefix:?}"
+    );
+    assert!(out.trim_end().ends_with("Z)"), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() {
     let f = Fixture::new("check", 3).await;
     let o = deductor(&f.env(&[]), &["check"]).await;
@@ -72,7 +90,14 @@ async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() 
         lines.iter().all(|l| l.starts_with("ok ")),
         "every line ok: {out}"
     );
-    for name in ["config", "kafka", "redis", "scripts"] {
+    for name in [
+        "config",
+        "kafka",
+        "redis",
+        "scripts",
+        "kafka-broker",
+        "redis-server",
+    ] {
         assert!(
             lines
                 .iter()
@@ -80,6 +105,35 @@ async fn check_passes_against_the_real_stack_and_fails_without_redis_or_topic() 
             "a line for {name}: {out}"
         );
     }
+    // It names the servers of the test matrix's cell (scripts/test):
+    // Redis 7.0 or Valkey 8.1, Kafka 4.x or 3.9.
+    let line = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .map(|l| l.to_string())
+            .unwrap_or_default()
+    };
+    let server = std::env::var("DEDUCTOR_REDIS_SERVER").unwrap_or_else(|_| "redis".into());
+    let expected = if server == "valkey" {
+        "valkey 8.1."
+    } else {
+        "redis 7.0."
+    };
+    assert!(
+        line("redis-server:").contains(expected),
+        "{expected}: {out}"
+    );
+    let kafka3 = std::env::var("DEDUCTOR_KAFKA_VERSION").is_ok_and(|v| v.starts_with("3."));
+    let expected = if kafka3 {
+        "Kafka 3.9 ("
+    } else {
+        "Kafka 4.0 or later ("
+    };
+    assert!(
+        line("kafka-broker:").contains(expected),
+        "{expected}: {out}"
+    );
     for t in [&f.topics.input, &f.topics.outcome, &f.topics.dlq] {
         assert!(
             out.contains(&format!("{t} (3 partitions)")),
