@@ -300,6 +300,13 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
 /// Redis pool serves both the pipeline and `/readyz`.
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
+    // A second before the bound: the process is gone when it ends (and
+    // when the chart's grace period, the same length, ends).
+    shutdown::watchdog(
+        shutdown.clone(),
+        settings.drain_timeout() + crate::config::SHUTDOWN_BOUND
+            - std::time::Duration::from_secs(1),
+    );
     let status = Arc::new(Status::default());
     let recorder = if settings.http.listen.is_empty() {
         None

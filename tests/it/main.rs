@@ -43,4 +43,5 @@ mod service {
     mod outages;
     mod secret_files;
     mod security;
+    mod shutdown;
 }

@@ -14,6 +14,7 @@ mod check;
 mod dlq;
 mod live;
 mod lookup;
+mod modes;
 mod promo;
 
 use std::process::Output;
