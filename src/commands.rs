@@ -338,6 +338,13 @@ async fn audit_json(
 /// cannot bind (or fails later) stops the service with its error.
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals();
+    // A second before the bound: the process is gone when it ends (and
+    // when the chart's grace period, the same length, ends).
+    shutdown::watchdog(
+        shutdown.clone(),
+        settings.drain_timeout() + crate::config::SHUTDOWN_BOUND
+            - std::time::Duration::from_secs(1),
+    );
     let status = Arc::new(Status::default());
     let mut server = None;
     if !settings.http.listen.is_empty() {

@@ -41,7 +41,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::execute(cli.command, settings)) {
+    let result = runtime.block_on(commands::execute(cli.command, settings));
+    // A blocking call abandoned at shutdown (bounded, see
+    // `config::SHUTDOWN_BOUND`) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(code) => code,
         Err(e) => {
             // One line: the error and its causes.

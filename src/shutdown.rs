@@ -15,6 +15,29 @@ pub fn on_signals() -> CancellationToken {
     token
 }
 
+/// Once `token` is cancelled, gives the process `limit` to stop; past it,
+/// logs what happened and exits 1 from a thread of its own (so a runtime
+/// blocked on a call that ignores its timeout cannot hold it). Nothing is
+/// lost: what was not committed is redone by the next owner.
+pub fn watchdog(token: CancellationToken, limit: std::time::Duration) {
+    tokio::spawn(async move {
+        token.cancelled().await;
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            tracing::error!(
+                limit_s = limit.as_secs(),
+                "shutdown did not finish within drain_timeout_secs + the shutdown bound: \
+                 exiting now; unfinished work was abandoned and is redone by the next owner"
+            );
+            eprintln!(
+                "deductor: shutdown took over {} s: unfinished work abandoned (redone by the next owner)",
+                limit.as_secs()
+            );
+            std::process::exit(1);
+        });
+    });
+}
+
 #[cfg(unix)]
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};

@@ -25,6 +25,102 @@ pub fn init(format: LogFormat, level: &str) {
     };
 }
 
+/// Samples a warning logged once per event, so that a flood of bad events
+/// (or an outage that fails every event's step) writes a few lines a second
+/// and not one per event: at most `per_window` lines per kind in each
+/// window; the number left out is logged with the next line of that kind
+/// or by [`Sampler::flush`], whichever comes first. The counts of what
+/// happened are in the metrics already (`deductor_dead_letters_total`,
+/// `deductor_retries_total`).
+#[derive(Debug)]
+pub struct Sampler {
+    per_window: u32,
+    window: std::time::Duration,
+    kinds: std::sync::Mutex<std::collections::HashMap<&'static str, Window>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: std::time::Instant,
+    shown: u32,
+    suppressed: u64,
+}
+
+/// What to do with one warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    /// Log it; `suppressed` lines of its kind were left out before it.
+    Log { suppressed: u64 },
+    /// Leave it out (counted).
+    Skip,
+}
+
+impl Sampler {
+    /// At most 10 lines per kind and second.
+    pub fn per_second() -> Sampler {
+        Sampler::new(10, std::time::Duration::from_secs(1))
+    }
+
+    pub fn new(per_window: u32, window: std::time::Duration) -> Sampler {
+        Sampler {
+            per_window,
+            window,
+            kinds: Default::default(),
+        }
+    }
+
+    /// Whether the warning of `kind` seen at `now` is logged.
+    pub fn check(&self, kind: &'static str, now: std::time::Instant) -> Sample {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        let w = kinds.entry(kind).or_insert(Window {
+            start: now,
+            shown: 0,
+            suppressed: 0,
+        });
+        if now.saturating_duration_since(w.start) >= self.window {
+            let suppressed = w.suppressed;
+            *w = Window {
+                start: now,
+                shown: 1,
+                suppressed: 0,
+            };
+            return Sample::Log { suppressed };
+        }
+        if w.shown < self.per_window {
+            w.shown += 1;
+            return Sample::Log { suppressed: 0 };
+        }
+        w.suppressed += 1;
+        Sample::Skip
+    }
+
+    /// The kinds whose window ended with lines left out, and how many; each
+    /// is reported once.
+    pub fn flush(&self, now: std::time::Instant) -> Vec<(&'static str, u64)> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (kind, w) in kinds.iter_mut() {
+            if w.suppressed > 0 && now.saturating_duration_since(w.start) >= self.window {
+                out.push((*kind, w.suppressed));
+                w.suppressed = 0;
+            }
+        }
+        out
+    }
+
+    /// [`Sampler::flush`], each count logged as a warning.
+    pub fn log_suppressed(&self) {
+        for (kind, suppressed) in self.flush(std::time::Instant::now()) {
+            tracing::warn!(
+                kind,
+                suppressed,
+                "repeated warnings suppressed (at most {} a second per kind)",
+                self.per_window
+            );
+        }
+    }
+}
+
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId,
     TraceState, Tracer as _,
@@ -156,5 +252,35 @@ impl EventTrace {
             }
             span.end();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_flood_is_sampled_and_what_was_left_out_is_counted() {
+        let s = Sampler::new(3, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let logged = (0..100)
+            .filter(|_| s.check("not_json", t0) != Sample::Skip)
+            .count();
+        assert_eq!(logged, 3);
+        // Another kind has its own budget.
+        assert_eq!(s.check("too_large", t0), Sample::Log { suppressed: 0 });
+        // Within the window nothing is flushed yet.
+        assert!(s.flush(t0 + Duration::from_millis(500)).is_empty());
+        // The next line of the kind after the window carries the count...
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(s.check("not_json", t1), Sample::Log { suppressed: 97 });
+        // ... or the flush reports it, once.
+        for _ in 0..10 {
+            s.check("not_json", t1);
+        }
+        let t2 = t1 + Duration::from_secs(2);
+        assert_eq!(s.flush(t2), vec![("not_json", 8)]);
+        assert!(s.flush(t2).is_empty());
     }
 }

@@ -12,7 +12,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaSettings;
-use crate::kafka::publisher::producer_config;
+use crate::kafka::publisher::tool_producer_config;
 
 /// Most sends awaiting their ack at once.
 const WINDOW: usize = 2048;
@@ -25,7 +25,7 @@ pub fn key_of(line: &str) -> Option<String> {
 
 /// Publishes every non-empty line of `input` to `topic`; returns the count.
 pub async fn publish(k: &KafkaSettings, topic: &str, input: impl BufRead) -> anyhow::Result<usize> {
-    let producer: FutureProducer = producer_config(k)
+    let producer: FutureProducer = tool_producer_config(k)
         .create()
         .context("creating the Kafka producer")?;
     let mut pending = FuturesUnordered::new();

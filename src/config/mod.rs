@@ -224,7 +224,28 @@ impl Settings {
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.pipeline.drain_timeout_secs)
     }
+
+    /// The producer's `transaction.timeout.ms` (librdkafka's default when
+    /// unset; validated as a number).
+    pub fn transaction_timeout(&self) -> Duration {
+        let ms = self
+            .kafka
+            .producer
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60_000);
+        Duration::from_millis(ms)
+    }
 }
+
+/// How long `deductor run` may take past `pipeline.drain_timeout_secs` to
+/// stop after SIGTERM, whatever is down (the chart's grace period is the
+/// drain timeout plus this): the transaction boundary in progress, the last
+/// transaction or offset commit, the producer's flush, leaving the group
+/// and closing the pool, each bounded (`pipeline::wind_down`). Past it a
+/// watchdog exits 1 with a line saying work was abandoned (nothing is lost:
+/// what was not committed is redone by the next owner).
+pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(15);
 
 #[cfg(test)]
 mod tests;

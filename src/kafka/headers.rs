@@ -16,6 +16,30 @@ use crate::domain::outcome::Outcome;
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 pub const CONTENT_TYPE: &str = "content-type";
+/// Names the headers of the input record that deductor did not copy (or
+/// copied cut) because they were over their cap: comma-separated, each a
+/// name from `kafka.propagate_headers` or `tracestate`.
+pub const DROPPED: &str = "deductor.dropped.headers";
+/// On a truncated dead letter: how many of the original record's headers
+/// were left out to make it fit.
+pub const ORIGINAL_HEADERS_DROPPED: &str = "deductor.original.headers.dropped";
+
+/// The most of a `tracestate` deductor copies onto what it writes. W3C
+/// Trace Context asks vendors to propagate at least 512 characters and,
+/// over a limit, to drop list members (those over 128 characters first,
+/// then from the end), never to cut one.
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+/// The longest value of a `kafka.propagate_headers` header that is copied
+/// onto an outcome; a longer one is dropped (a cut correlation id would
+/// be a wrong one).
+pub const MAX_PROPAGATED_VALUE_BYTES: usize = 4 * 1024;
+/// The most bytes (names and values) of propagated headers copied onto one
+/// outcome; those past it are dropped.
+pub const MAX_PROPAGATED_TOTAL_BYTES: usize = 16 * 1024;
+/// The most bytes (names and values) of the original record's headers kept
+/// on a truncated dead letter; the rest are left out and counted in
+/// [`ORIGINAL_HEADERS_DROPPED`].
+pub const MAX_TRUNCATED_HEADER_BYTES: usize = 64 * 1024;
 /// The CloudEvents spec version of the `ce_*` headers.
 pub const CE_SPECVERSION: &str = "1.0";
 
@@ -121,30 +145,96 @@ pub struct Incoming {
     pub propagated: Vec<(String, Vec<u8>)>,
     /// Every header of the record, for the dead letter.
     pub all: Vec<(String, Option<Vec<u8>>)>,
+    /// The headers over their cap, not copied whole (see [`DROPPED`]).
+    pub dropped: Vec<String>,
 }
 
 impl Incoming {
     /// Reads the headers of an input record. Header names are compared
     /// case-insensitively (HTTP habit; Kafka's are case-sensitive bytes).
+    ///
+    /// What is copied is capped ([`MAX_TRACESTATE_BYTES`],
+    /// [`MAX_PROPAGATED_VALUE_BYTES`], [`MAX_PROPAGATED_TOTAL_BYTES`]): an
+    /// outcome stays far below any topic's size limit whatever the input
+    /// record carried. What was cut or dropped is named in `dropped`.
     pub fn read<H: Headers>(headers: Option<&H>, allow: &[String]) -> Incoming {
         let mut inc = Incoming::default();
         let Some(headers) = headers else { return inc };
+        let mut propagated_bytes = 0usize;
         for h in headers.iter() {
             let value = h.value.map(<[u8]>::to_vec);
             let text = h.value.and_then(|v| std::str::from_utf8(v).ok());
             if h.key.eq_ignore_ascii_case(TRACEPARENT) {
                 inc.parent = text.and_then(SpanRef::parse);
             } else if h.key.eq_ignore_ascii_case(TRACESTATE) {
-                inc.tracestate = text.map(str::to_owned);
+                inc.tracestate = text.and_then(|t| {
+                    if t.trim().len() > MAX_TRACESTATE_BYTES {
+                        inc.note(TRACESTATE);
+                    }
+                    cap_tracestate(t)
+                });
             } else if let Some(v) = &value {
-                if allow.iter().any(|a| a.eq_ignore_ascii_case(h.key)) {
-                    inc.propagated.push((h.key.to_owned(), v.clone()));
+                if let Some(name) = allow.iter().find(|a| a.eq_ignore_ascii_case(h.key)) {
+                    let size = h.key.len() + v.len();
+                    if v.len() > MAX_PROPAGATED_VALUE_BYTES
+                        || propagated_bytes + size > MAX_PROPAGATED_TOTAL_BYTES
+                    {
+                        inc.note(name);
+                    } else {
+                        propagated_bytes += size;
+                        inc.propagated.push((h.key.to_owned(), v.clone()));
+                    }
                 }
             }
             inc.all.push((h.key.to_owned(), value));
         }
         inc
     }
+
+    fn note(&mut self, name: &str) {
+        if !self.dropped.iter().any(|d| d == name) {
+            self.dropped.push(name.to_owned());
+        }
+    }
+
+    /// The same without the optional copies (`tracestate` and the
+    /// propagated headers), each named in `dropped`: for an outcome the
+    /// outcome topic refused as too large even so.
+    pub fn bare(&self) -> Incoming {
+        let mut bare = Incoming {
+            parent: self.parent,
+            all: Vec::new(),
+            dropped: self.dropped.clone(),
+            ..Incoming::default()
+        };
+        if self.tracestate.is_some() {
+            bare.note(TRACESTATE);
+        }
+        for (k, _) in &self.propagated {
+            bare.note(k);
+        }
+        bare
+    }
+}
+
+/// A `tracestate` cut to [`MAX_TRACESTATE_BYTES`] the W3C way: list
+/// members over 128 bytes go first, then members from the end; `None` when
+/// nothing is left.
+pub fn cap_tracestate(t: &str) -> Option<String> {
+    let t = t.trim();
+    if t.len() <= MAX_TRACESTATE_BYTES {
+        return (!t.is_empty()).then(|| t.to_owned());
+    }
+    let mut kept: Vec<&str> = t
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty() && m.len() <= 128)
+        .collect();
+    let joined = |k: &[&str]| k.iter().map(|m| m.len()).sum::<usize>() + k.len().saturating_sub(1);
+    while joined(&kept) > MAX_TRACESTATE_BYTES {
+        kept.pop();
+    }
+    (!kept.is_empty()).then(|| kept.join(","))
 }
 
 /// The span of one event: a child of the producer's span when there was
@@ -191,6 +281,9 @@ fn common(mut h: OwnedHeaders, span: &EventSpan, inc: &Incoming) -> OwnedHeaders
     for (k, v) in &inc.propagated {
         h = push(h, k, v);
     }
+    if !inc.dropped.is_empty() {
+        h = push(h, DROPPED, inc.dropped.join(",").as_bytes());
+    }
     h
 }
 
@@ -210,14 +303,40 @@ pub fn outcome(o: &Outcome, ce_source: &str, span: &EventSpan, inc: &Incoming) -
     common(h, span, inc)
 }
 
+/// The bytes (names and values) of the original record's headers that a
+/// dead letter copies.
+pub fn original_bytes(inc: &Incoming) -> usize {
+    inc.all
+        .iter()
+        .filter(|(k, _)| !is_trace_context(k))
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+fn is_trace_context(k: &str) -> bool {
+    k.eq_ignore_ascii_case(TRACEPARENT) || k.eq_ignore_ascii_case(TRACESTATE)
+}
+
 /// The original record's headers first (less its trace context, which the
-/// event's span replaces), then `traceparent`; the caller adds the
-/// `deductor.*` headers after these.
-pub fn dead_letter(span: &EventSpan, inc: &Incoming) -> OwnedHeaders {
+/// event's span replaces), then `traceparent` (and the capped
+/// `tracestate`, with [`DROPPED`] when it was cut); the caller adds the
+/// `deductor.*` headers after these. With `keep`, the original headers are
+/// kept in order only while they fit in `keep` bytes (names and values);
+/// the second value is how many were left out.
+pub fn dead_letter(span: &EventSpan, inc: &Incoming, keep: Option<usize>) -> (OwnedHeaders, usize) {
     let mut h = OwnedHeaders::new_with_capacity(inc.all.len() + 12);
+    let (mut used, mut left_out) = (0usize, 0usize);
     for (k, v) in &inc.all {
-        if k.eq_ignore_ascii_case(TRACEPARENT) || k.eq_ignore_ascii_case(TRACESTATE) {
+        if is_trace_context(k) {
             continue;
+        }
+        if let Some(limit) = keep {
+            let size = k.len() + v.as_ref().map_or(0, Vec::len);
+            if used + size > limit {
+                left_out += 1;
+                continue;
+            }
+            used += size;
         }
         h = h.insert(Header {
             key: k.as_str(),
@@ -228,7 +347,10 @@ pub fn dead_letter(span: &EventSpan, inc: &Incoming) -> OwnedHeaders {
     if let Some(state) = &inc.tracestate {
         h = push(h, TRACESTATE, state.as_bytes());
     }
-    h
+    if inc.dropped.iter().any(|d| d == TRACESTATE) {
+        h = push(h, DROPPED, TRACESTATE.as_bytes());
+    }
+    (h, left_out)
 }
 
 /// The CloudEvents `ce_source` of this consumer group's outcomes.
@@ -349,6 +471,7 @@ mod tests {
             tracestate: Some("k=v".into()),
             propagated: vec![("x-correlation-id".into(), b"c".to_vec())],
             all: vec![],
+            dropped: vec![],
         };
         let span = EventSpan::new(inc.parent, [1; 16], [2; 8]);
         let h = outcome(&o, &ce_source("g"), &span, &inc);
@@ -378,14 +501,92 @@ mod tests {
                 ("x-any".into(), Some(b"1".to_vec())),
                 ("x-null".into(), None),
             ],
+            dropped: vec![],
         };
         let span = EventSpan::new(inc.parent, [1; 16], [3; 8]);
-        let h = dead_letter(&span, &inc);
+        let (h, left_out) = dead_letter(&span, &inc, None);
+        assert_eq!(left_out, 0);
         assert_eq!(get(&h, "x-any"), ["1"]);
         assert_eq!(h.iter().filter(|x| x.key == "x-null").count(), 1);
         assert_eq!(
             get(&h, "traceparent"),
             ["00-4bf92f3577b34da6a3ce929d0e0e4736-0303030303030303-01"]
         );
+    }
+
+    #[test]
+    fn tracestate_is_capped_by_whole_members() {
+        assert_eq!(cap_tracestate(" k=v ").as_deref(), Some("k=v"));
+        assert_eq!(cap_tracestate(""), None);
+        // One member of 1 MB: nothing is left.
+        assert_eq!(cap_tracestate(&"a".repeat(1 << 20)), None);
+        // Long members go first, then members from the end.
+        let long = format!("big={}", "x".repeat(200));
+        let small: Vec<String> = (0..60).map(|i| format!("k{i:02}=v")).collect();
+        let t = format!("{},{long},{}", small[..30].join(","), small[30..].join(","));
+        let capped = cap_tracestate(&t).unwrap();
+        assert!(capped.len() <= MAX_TRACESTATE_BYTES, "{}", capped.len());
+        assert!(!capped.contains("big="));
+        assert!(capped.starts_with("k00=v,k01=v"));
+        assert!(
+            capped.split(',').all(|m| m.len() == 5),
+            "whole members: {capped}"
+        );
+    }
+
+    #[test]
+    fn oversized_copies_are_dropped_and_named() {
+        let big = "c".repeat(MAX_PROPAGATED_VALUE_BYTES + 1);
+        let ok = "d".repeat(MAX_PROPAGATED_VALUE_BYTES);
+        let state = "s".repeat(1 << 20);
+        let mut h = OwnedHeaders::new()
+            .insert(Header {
+                key: "tracestate",
+                value: Some(state.as_bytes()),
+            })
+            .insert(Header {
+                key: "X-Corr",
+                value: Some(big.as_bytes()),
+            });
+        for _ in 0..5 {
+            h = h.insert(Header {
+                key: "x-tenant",
+                value: Some(ok.as_bytes()),
+            });
+        }
+        let allow = ["x-corr".to_owned(), "x-tenant".to_owned()];
+        let inc = Incoming::read(Some(&h), &allow);
+        assert_eq!(inc.tracestate, None);
+        // Three of 4 KiB fit the 16 KiB total with their names; not four.
+        assert_eq!(inc.propagated.len(), 3);
+        assert_eq!(inc.dropped, ["tracestate", "x-corr", "x-tenant"]);
+        let o = Outcome {
+            kind: OutcomeType::DeductAccepted,
+            order_id: "o-1".into(),
+            outcome_id: "e-1:DeductAccepted".into(),
+            reason: None,
+            processed_at: "2026-11-30T10:00:00.000Z".into(),
+            payload: b"{}".to_vec(),
+        };
+        let span = EventSpan::new(None, [1; 16], [2; 8]);
+        let out = outcome(&o, "s", &span, &inc);
+        assert_eq!(get(&out, DROPPED), ["tracestate,x-corr,x-tenant"]);
+        let bytes: usize = out
+            .iter()
+            .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
+            .sum();
+        assert!(bytes < MAX_PROPAGATED_TOTAL_BYTES + 2 * 1024, "{bytes}");
+        let bare = outcome(&o, "s", &span, &inc.bare());
+        assert!(get(&bare, "x-tenant").is_empty());
+        assert_eq!(get(&bare, DROPPED), ["tracestate,x-corr,x-tenant"]);
+
+        // A truncated dead letter keeps the original headers that fit.
+        // (get keeps every value of a repeated name)
+        let (dl, left_out) = dead_letter(&span, &inc, Some(2 * (ok.len() + 8)));
+        assert_eq!(left_out, 4, "four of the five x-tenant");
+        assert_eq!(get(&dl, "x-tenant").len(), 1);
+        assert_eq!(get(&dl, "X-Corr").len(), 1);
+        assert_eq!(get(&dl, DROPPED), ["tracestate"]);
+        assert_eq!(original_bytes(&inc), big.len() + 6 + 5 * (ok.len() + 8));
     }
 }

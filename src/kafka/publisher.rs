@@ -170,6 +170,20 @@ pub fn producer_config(k: &KafkaSettings) -> ClientConfig {
     c
 }
 
+/// The configuration of the operator tools' producers (`publish`, `dlq
+/// replay`): [`producer_config`] without `transactional.id` in every
+/// delivery mode. They write records to the input topic one by one, which
+/// a transaction would not make safer, and the service's
+/// `transactional.id` is not theirs to take: `init_transactions` under it
+/// would fence the running service's producer and abort its open
+/// transaction. Idempotent non-transactional records are visible to
+/// `read_committed` readers as soon as they are acknowledged.
+pub fn tool_producer_config(k: &KafkaSettings) -> ClientConfig {
+    let mut c = producer_config(k);
+    c.remove("transactional.id");
+    c
+}
+
 /// The invalid event's raw record and why it was refused.
 pub struct DeadLetter<'a> {
     pub key: Option<&'a [u8]>,
@@ -197,6 +211,9 @@ pub struct Publisher {
     /// the rewind: the redo sends it truncated at once (see
     /// [`Publisher::send_dead_letter`]). An entry goes once that is acked.
     cut_on_redo: Arc<Mutex<HashSet<(String, i32, i64)>>>,
+    /// `exactly_once`: the outcome ids whose outcome the broker refused as
+    /// too large inside a transaction; the redo sends them bare.
+    bare_on_redo: Arc<Mutex<HashSet<String>>>,
     outcome_topic: String,
     dlq_topic: String,
     group_id: String,
@@ -225,6 +242,7 @@ impl Publisher {
             txn: Arc::new(OnceLock::new()),
             fatal,
             cut_on_redo: Arc::default(),
+            bare_on_redo: Arc::default(),
             outcome_topic: k.outcome_topic.clone(),
             dlq_topic: k.dlq_topic.clone(),
             group_id: k.group_id.clone(),
@@ -237,16 +255,67 @@ impl Publisher {
 
     /// Sends an outcome, keyed by `order_id`, with its headers
     /// ([`headers::outcome`]), and waits for the ack.
+    ///
+    /// The copied headers are capped ([`Incoming::read`]), so an outcome is
+    /// a few KiB beyond its event. Should the outcome topic refuse it as too
+    /// large all the same (a topic with a small `max.message.bytes`), it is
+    /// sent again without the copies (`tracestate`, the propagated headers,
+    /// named in `deductor.dropped.headers`): an outcome is never lost, nor
+    /// is its partition stopped, for what the input record carried. In
+    /// `exactly_once` mode a refusal by the broker dooms the transaction;
+    /// the redo sends the bare outcome at once.
     pub async fn send_outcome(&self, o: &Outcome, trace: &Trace<'_>) -> Result<(), PublishError> {
+        if self.bare_set().contains(&o.outcome_id) {
+            let sent = self.send_outcome_as(o, trace, &trace.incoming.bare()).await;
+            if sent.is_ok() {
+                self.bare_set().remove(&o.outcome_id);
+            }
+            return sent;
+        }
+        match self.send_outcome_as(o, trace, trace.incoming).await {
+            Err(e) if too_large(&e.source) && e.stale => {
+                tracing::warn!(
+                    topic = %self.outcome_topic,
+                    error = %e.source,
+                    "outcome refused as too large inside the transaction: \
+                     the transaction is aborted and the redo sends it without the copied headers"
+                );
+                self.bare_set().insert(o.outcome_id.clone());
+                Err(e)
+            }
+            Err(e) if too_large(&e.source) => {
+                tracing::warn!(
+                    topic = %self.outcome_topic,
+                    error = %e.source,
+                    "outcome too large for Kafka: sending it without the copied headers"
+                );
+                self.send_outcome_as(o, trace, &trace.incoming.bare())
+                    .await
+                    .inspect_err(|e| {
+                        if too_large(&e.source) {
+                            tracing::error!(
+                                topic = %self.outcome_topic,
+                                error = %e.source,
+                                "the outcome topic refuses even a bare outcome: \
+                                 its max.message.bytes must be at least 256 KiB"
+                            );
+                        }
+                    })
+            }
+            r => r,
+        }
+    }
+
+    async fn send_outcome_as(
+        &self,
+        o: &Outcome,
+        trace: &Trace<'_>,
+        incoming: &Incoming,
+    ) -> Result<(), PublishError> {
         let record = FutureRecord::to(&self.outcome_topic)
             .key(o.order_id.as_bytes())
             .payload(o.to_bytes())
-            .headers(headers::outcome(
-                o,
-                &self.ce_source,
-                trace.span,
-                trace.incoming,
-            ));
+            .headers(headers::outcome(o, &self.ce_source, trace.span, incoming));
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: queued, ack not awaited.
         if crate::mutants::mutant("no-ack-wait") {
             let queued = self.current().send_result(record).map(drop);
@@ -263,10 +332,13 @@ impl Publisher {
     /// `exactly_once` mode: registers the transactional id and opens the
     /// first transaction (blocking); from then on every send goes into the
     /// open transaction under its event's ticket.
+    /// `stall`: the longest a boundary retries its transaction calls
+    /// ([`Transactions`]).
     pub fn start_transactions(
         &self,
         offsets: Offsets,
         topic: &str,
+        stall: Duration,
     ) -> Result<Arc<Transactions>, KafkaError> {
         let (config, fatal) = (self.config.clone(), self.fatal.clone());
         let make: MakeProducer = Box::new(move || {
@@ -287,6 +359,7 @@ impl Publisher {
             offsets,
             topic,
             self.timeout,
+            stall,
         )?);
         let _ = self.txn.set(txn.clone());
         Ok(txn)
@@ -376,8 +449,9 @@ impl Publisher {
     /// `message.max.bytes` or the dead-letter topic's `max.message.bytes`
     /// (neither is known to match the input topic's). When the whole record
     /// is refused for its size, it is sent again cut to [`TRUNCATED_BYTES`]
-    /// of value and of key, with `deductor.truncated` and the original
-    /// sizes in headers: refusing it would stop the partition on that
+    /// of value and of key and to [`headers::MAX_TRUNCATED_HEADER_BYTES`]
+    /// of the original headers, with `deductor.truncated` and the original
+    /// sizes (and `deductor.original.headers.dropped`) in headers: refusing it would stop the partition on that
     /// offset for good (the size error is fatal, so the service would exit
     /// and crash-loop on it).
     ///
@@ -414,6 +488,10 @@ impl Publisher {
         }
     }
 
+    fn bare_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.bare_on_redo.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn cut_set(&self) -> std::sync::MutexGuard<'_, HashSet<(String, i32, i64)>> {
         self.cut_on_redo.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -436,7 +514,8 @@ impl Publisher {
                     topic = %self.dlq_topic,
                     error = %e.source,
                     "the dead-letter topic refuses even a truncated dead letter: \
-                     its max.message.bytes must be at least 2 x {TRUNCATED_BYTES} plus headers"
+                     its max.message.bytes must be at least 2 x {TRUNCATED_BYTES} + {} (headers) + 4096",
+                    headers::MAX_TRUNCATED_HEADER_BYTES
                 );
             }
         })
@@ -454,11 +533,17 @@ impl Publisher {
         let reason = d.error.to_string();
         let value_size = d.payload.map_or(0, <[u8]>::len);
         let key_size = d.key.map_or(0, <[u8]>::len);
+        let headers_size = headers::original_bytes(d.trace.incoming);
         // Only a record that is cut says so: one refused only because it
         // shared a batch with a large one is sent whole again.
-        let truncate = truncate && key_size.max(value_size) > TRUNCATED_BYTES;
+        let truncate = truncate
+            && (key_size.max(value_size) > TRUNCATED_BYTES
+                || headers_size > headers::MAX_TRUNCATED_HEADER_BYTES);
         let (value_size_text, key_size_text) = (value_size.to_string(), key_size.to_string());
-        let mut headers = headers::dead_letter(d.trace.span, d.trace.incoming)
+        let keep = truncate.then_some(headers::MAX_TRUNCATED_HEADER_BYTES);
+        let (headers, left_out) = headers::dead_letter(d.trace.span, d.trace.incoming, keep);
+        let left_out_text = left_out.to_string();
+        let mut headers = headers
             .insert(header("deductor.error", &reason))
             .insert(header("deductor.error.kind", d.error.kind.as_str()))
             .insert(header("deductor.source.topic", &d.source.topic))
@@ -472,6 +557,9 @@ impl Publisher {
                 .insert(header("deductor.original.size", &value_size_text));
             if key_size > TRUNCATED_BYTES {
                 headers = headers.insert(header("deductor.original.key.size", &key_size_text));
+            }
+            if left_out > 0 {
+                headers = headers.insert(header(headers::ORIGINAL_HEADERS_DROPPED, &left_out_text));
             }
         }
         let mut record: FutureRecord<'_, [u8], [u8]> =
@@ -561,6 +649,18 @@ mod tests {
             .insert("enable.idempotence".into(), "false".into());
         let c = producer_config(&k);
         assert_eq!(c.get("acks"), Some("all"));
+        assert_eq!(c.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn the_tools_never_take_the_services_transactional_id() {
+        let mut k = crate::config::Settings::load_from_env(None, &[], Vec::new())
+            .unwrap()
+            .kafka;
+        k.delivery = Delivery::ExactlyOnce;
+        assert!(producer_config(&k).get("transactional.id").is_some());
+        let c = tool_producer_config(&k);
+        assert_eq!(c.get("transactional.id"), None);
         assert_eq!(c.get("enable.idempotence"), Some("true"));
     }
 

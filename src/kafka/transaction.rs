@@ -95,6 +95,12 @@ pub struct Transactions {
     /// `transactional.id` must not do it in a tight loop.
     renewals: Mutex<(u32, Option<Instant>)>,
     timeout: Duration,
+    /// Set at shutdown: no transaction call is retried past it.
+    stop_by: Mutex<Option<Instant>>,
+    /// The longest a boundary retries sending the offsets or committing
+    /// (the broker aborts the transaction after `transaction.timeout.ms`
+    /// anyway): past it the transaction is aborted, or the producer renewed.
+    stall: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,6 +117,7 @@ impl Transactions {
         offsets: Offsets,
         topic: &str,
         timeout: Duration,
+        stall: Duration,
     ) -> Result<Transactions, KafkaError> {
         {
             let p = read(&producer);
@@ -129,7 +136,45 @@ impl Transactions {
             poisoned: AtomicBool::new(false),
             renewals: Mutex::new((0, None)),
             timeout,
+            stop_by: Mutex::new(None),
+            stall,
         })
+    }
+
+    /// Shutdown: from now on no transaction call is retried past
+    /// `deadline`, nor is a producer renewed; a boundary in progress ends
+    /// by then (unless librdkafka's own call blocks past its timeout:
+    /// the pipeline bounds its wait for the boundary too).
+    pub fn stop_by(&self, deadline: Instant) {
+        *lock(&self.stop_by) = Some(deadline);
+    }
+
+    fn stopping(&self) -> bool {
+        lock(&self.stop_by).is_some()
+    }
+
+    /// Retries `op` while its error is retriable, until the earliest of
+    /// `deadline`, the shutdown deadline and `stall` after the first try.
+    fn retrying(
+        &self,
+        deadline: Option<Instant>,
+        stall: Option<Duration>,
+        mut op: impl FnMut() -> Result<(), KafkaError>,
+    ) -> Result<(), KafkaError> {
+        let started = Instant::now();
+        loop {
+            let until = [deadline, *lock(&self.stop_by), stall.map(|s| started + s)]
+                .into_iter()
+                .flatten()
+                .min();
+            match op() {
+                Err(e) if retriable(&e) && until.is_none_or(|d| Instant::now() < d) => {
+                    tracing::warn!(error = %e, "transaction call not done yet (broker unreachable?); retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// The current producer.
@@ -205,7 +250,7 @@ impl Transactions {
     fn abort_locked(&self, why: &str, deadline: Option<Instant>) -> Result<(), KafkaError> {
         *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
         let producer = self.producer();
-        retrying(deadline, || producer.abort_transaction(self.timeout))?;
+        self.retrying(deadline, None, || producer.abort_transaction(self.timeout))?;
         self.doomed.store(false, Ordering::SeqCst);
         producer.begin_transaction()?;
         metrics::transaction("aborted");
@@ -279,13 +324,16 @@ impl Transactions {
         };
         let list = commit_list(&self.topic, &commits)?;
         let producer = self.producer();
-        let sent = retrying(deadline, || {
+        let stall = Some(self.stall);
+        let sent = self.retrying(deadline, stall, || {
             producer.send_offsets_to_transaction(&list, &metadata, self.timeout)
         });
         if let Err(e) = sent {
             return self.failed("sending the offsets to the transaction", e, deadline);
         }
-        if let Err(e) = retrying(deadline, || producer.commit_transaction(self.timeout)) {
+        if let Err(e) = self.retrying(deadline, stall, || {
+            producer.commit_transaction(self.timeout)
+        }) {
             return self.failed("committing the transaction", e, deadline);
         }
         if let Err(e) = producer.begin_transaction() {
@@ -349,9 +397,20 @@ impl Transactions {
     /// for every sender, and the pipeline rejoins the group. `Err` only
     /// when a producer cannot be created or registered at all.
     fn renew_locked(&self, why: &str, deadline: Option<Instant>) -> Result<Boundary, KafkaError> {
-        tracing::warn!(reason = why, "replacing the kafka producer");
         self.close_all();
         *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
+        if self.stopping() {
+            // Nothing to renew for: the open transaction is left to the
+            // broker (aborted after its timeout, or by the next owner's
+            // init_transactions); its events are redone.
+            self.poisoned.store(true, Ordering::SeqCst);
+            tracing::warn!(
+                reason = why,
+                "shutting down: the kafka producer is not replaced"
+            );
+            return Err(KafkaError::Canceled);
+        }
+        tracing::warn!(reason = why, "replacing the kafka producer");
         let pause = self.renewal_backoff();
         if !pause.is_zero() {
             tracing::warn!(
@@ -361,7 +420,7 @@ impl Transactions {
             std::thread::sleep(pause);
         }
         let fresh = (self.make)()?;
-        retrying(deadline, || fresh.init_transactions(self.timeout))?;
+        self.retrying(deadline, None, || fresh.init_transactions(self.timeout))?;
         fresh.begin_transaction()?;
         let old = {
             let _epoch = self.epoch.write().unwrap_or_else(|p| p.into_inner());
@@ -408,23 +467,6 @@ impl Transactions {
         };
         if let Err(e) = result {
             tracing::warn!(error = %e, "last transaction at shutdown; its events are redone by the next owner");
-        }
-    }
-}
-
-/// Retries `op` while its error is retriable (librdkafka: "retry call to
-/// resume"), until `deadline` if any.
-fn retrying(
-    deadline: Option<Instant>,
-    mut op: impl FnMut() -> Result<(), KafkaError>,
-) -> Result<(), KafkaError> {
-    loop {
-        match op() {
-            Err(e) if retriable(&e) && deadline.is_none_or(|d| Instant::now() < d) => {
-                tracing::warn!(error = %e, "transaction call not done yet (broker unreachable?); retrying");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => return r,
         }
     }
 }

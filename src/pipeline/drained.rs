@@ -4,17 +4,35 @@
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::offsets::Offsets;
 
-/// True when partitions are assigned and each is processed to its end
-/// (nothing in flight, watermark or committed offset at the high watermark).
-/// Only used with `exit_when_drained`. The high watermarks librdkafka cached
-/// from its last fetch decide without a round trip; only when a partition
-/// has none yet are the broker and the group coordinator asked, with
-/// blocking calls that hold up this loop (and so every lane's pulls).
-pub(super) fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) -> bool {
+/// True when partitions are assigned and each is processed to its end:
+/// nothing in flight, and each partition's high watermark reached by one of
+///
+/// - the watermark of what this process did;
+/// - the consumer's position, when the partition's lane holds nothing
+///   (`idle`): the position moves past control records (the commit marker
+///   that ends a transactional producer's writes), which are never
+///   delivered and so never reach the watermark;
+/// - the group's committed offset, for a partition this process took
+///   nothing from (a group already at the end).
+///
+/// The high watermarks librdkafka cached from its last fetch decide without
+/// a round trip; the broker is asked only for a partition with none cached,
+/// and the group coordinator only for a partition this process took
+/// nothing from: blocking calls that hold up this loop (and so every
+/// lane's pulls), made only with `exit_when_drained`. The caller asks
+/// twice in a row before it stops, so a message pulled from a partition
+/// queue but not yet handed to its lane is never missed.
+pub(super) fn drained(
+    consumer: &GroupConsumer,
+    offsets: &Offsets,
+    topic: &str,
+    idle: impl Fn(i32) -> bool,
+) -> bool {
     if offsets.in_flight() > 0 {
         return false;
     }
@@ -25,37 +43,56 @@ pub(super) fn drained(consumer: &GroupConsumer, offsets: &Offsets, topic: &str) 
     if parts.is_empty() {
         return false;
     }
-    let mut unknown = false;
+    let timeout = Duration::from_secs(2);
+    let position = consumer.position().ok();
+    let mut untouched = TopicPartitionList::new();
+    let mut ends = Vec::new();
     for e in &parts {
         let p = e.partition();
-        match cached_watermarks(consumer, topic, p) {
-            Some((low, high)) => {
-                if high != low && offsets.watermark(p).unwrap_or(-1) < high {
-                    return false;
-                }
-            }
-            _ => unknown = true,
-        }
-    }
-    if !unknown {
-        return true;
-    }
-    let timeout = Duration::from_secs(2);
-    let Ok(committed) = consumer.committed_offsets(assignment.clone(), timeout) else {
-        return false;
-    };
-    parts.iter().all(|e| {
-        let p = e.partition();
-        let Ok((low, high)) = consumer.fetch_watermarks(topic, p, timeout) else {
+        let Some((low, high)) = cached_watermarks(consumer, topic, p)
+            .or_else(|| consumer.fetch_watermarks(topic, p, timeout).ok())
+        else {
             return false;
         };
-        let done = offsets.watermark(p).unwrap_or(-1);
-        let committed = match committed.find_partition(topic, p).map(|x| x.offset()) {
-            Some(rdkafka::Offset::Offset(o)) => o,
-            _ => -1,
-        };
-        high == low || done.max(committed) >= high
+        if high == low {
+            continue;
+        }
+        let done = offsets.watermark(p);
+        let at = position
+            .as_ref()
+            .and_then(|l| l.find_partition(topic, p))
+            .and_then(|x| offset(x.offset()));
+        let reached = done
+            .unwrap_or(-1)
+            .max(if idle(p) { at.unwrap_or(-1) } else { -1 });
+        if reached >= high {
+            continue;
+        }
+        if done.is_some() || at.is_some() {
+            return false;
+        }
+        untouched.add_partition(topic, p);
+        ends.push((p, high));
+    }
+    if ends.is_empty() {
+        return true;
+    }
+    let Ok(committed) = consumer.committed_offsets(untouched, timeout) else {
+        return false;
+    };
+    ends.iter().all(|(p, high)| {
+        committed
+            .find_partition(topic, *p)
+            .and_then(|x| offset(x.offset()))
+            .is_some_and(|c| c >= *high)
     })
+}
+
+fn offset(o: Offset) -> Option<i64> {
+    match o {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
 }
 
 /// The (low, high) watermarks librdkafka last saw for a partition, if any.

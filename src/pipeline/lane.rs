@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::steps::{Failure, Processor};
-use crate::domain::event::{self, Event, InvalidEvent};
+use crate::domain::event::{self, clip, Event, InvalidEvent, MAX_ID_LEN};
 use crate::kafka::headers::Incoming;
 use crate::kafka::offsets::Offsets;
 use crate::kafka::publisher::Trace;
@@ -172,8 +172,13 @@ impl Lane {
             topic = %processor.topic,
             partition = p.msg.partition(),
             offset = p.msg.offset(),
-            order_id = p.order.as_deref().unwrap_or(""),
-            event_id = match &p.parsed { Ok(e) => e.header().event_id.as_str(), Err(_) => "" },
+            // The key stands in for an unreadable order_id: capped, like
+            // every producer-controlled string in a log line.
+            order_id = %clip(p.order.as_deref().unwrap_or(""), MAX_ID_LEN),
+            event_id = match &p.parsed {
+                Ok(e) => e.header().event_id.as_str(),
+                Err(e) => e.salvage.event_id.as_ref().map_or("", |id| id.as_str()),
+            },
             trace_id = tracing::field::Empty,
         );
         async move {

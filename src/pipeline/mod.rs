@@ -40,6 +40,7 @@ mod drained;
 mod lane;
 mod routing;
 mod steps;
+mod wind_down;
 
 use drained::drained;
 use lane::Spawner;
@@ -115,8 +116,9 @@ async fn start_transactions(
         },
         || {
             let (p, o, t) = (publisher.clone(), offsets.clone(), topic.clone());
+            let stall = settings.transaction_timeout();
             async move {
-                match tokio::task::spawn_blocking(move || p.start_transactions(o, &t)).await {
+                match tokio::task::spawn_blocking(move || p.start_transactions(o, &t, stall)).await {
                     Ok(r) => r,
                     Err(_) => Err(rdkafka::error::KafkaError::Canceled),
                 }
@@ -191,6 +193,7 @@ pub async fn run_with_ledger(
         topic: settings.kafka.input_topic.clone(),
         tracer: tracer.clone(),
         propagate: settings.kafka.propagate_headers.clone(),
+        warnings: crate::telemetry::Sampler::per_second(),
     });
     let global = Arc::new(Semaphore::new(settings.pipeline.max_in_flight));
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
@@ -216,12 +219,19 @@ pub async fn run_with_ledger(
     ));
     txn_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut boundary: Option<JoinHandle<KafkaResult<Boundary>>> = None;
+    // A boundary retries its calls for at most the transaction timeout
+    // (then aborts or renews); one that has not returned long after that is
+    // stuck inside librdkafka (its transaction calls can ignore their
+    // timeout when the coordinator goes away: librdkafka #5456, #5511).
+    let stuck_after = 2 * settings.transaction_timeout() + Duration::from_secs(30);
+    let mut boundary_since = tokio::time::Instant::now();
     let topic = settings.kafka.input_topic.as_str();
     let mut commit_tick =
         tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
     commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
     let mut fatal: Option<anyhow::Error> = None;
+    let mut drained_checks = 0u32;
     status.running();
 
     loop {
@@ -260,7 +270,16 @@ pub async fn run_with_ledger(
                     boundary = Some(tokio::spawn(async move {
                         t.boundary(move || c.group_metadata()).await
                     }));
+                    boundary_since = tokio::time::Instant::now();
                 }
+            }
+            _ = tokio::time::sleep_until(boundary_since + stuck_after), if boundary.is_some() => {
+                fatal = Some(anyhow::anyhow!(
+                    "the kafka transaction boundary has not returned for {} s: exiting so that a new \
+                     instance takes over (its open transaction is abandoned; its events are redone)",
+                    stuck_after.as_secs()
+                ));
+                break;
             }
             ended = async { boundary.as_mut().expect("armed").await }, if boundary.is_some() => {
                 boundary = None;
@@ -293,10 +312,26 @@ pub async fn run_with_ledger(
                     commit::watermarks(&*consumer, &offsets, topic, CommitMode::Async);
                 }
                 metrics::in_flight(settings.pipeline.max_in_flight - global.available_permits());
+                lanes.spawner.processor.warnings.log_suppressed();
                 status.touch();
-                if settings.pipeline.exit_when_drained && drained(&consumer, &offsets, topic) {
-                    tracing::info!("every assigned partition is processed to its end: stopping");
-                    break;
+                if settings.pipeline.exit_when_drained {
+                    let idle = |p: i32| {
+                        // (an armed pull holds one permit of the lane's channel)
+                        lanes.by_partition.get(&p).is_none_or(|l| {
+                            l.stash.is_empty()
+                                && l.tx.capacity() + usize::from(l.pulling) == l.tx.max_capacity()
+                        })
+                    };
+                    // Twice in a row (see `drained`).
+                    drained_checks = if drained(&consumer, &offsets, topic, idle) {
+                        drained_checks + 1
+                    } else {
+                        0
+                    };
+                    if drained_checks >= 2 {
+                        tracing::info!("every assigned partition is processed to its end: stopping");
+                        break;
+                    }
                 }
             }
             _ = stash_tick.tick(), if stashed => {
@@ -340,57 +375,24 @@ pub async fn run_with_ledger(
     }
 
     // Drain: start nothing new, let in-flight events finish (bounded), then
-    // commit what was acknowledged and leave the group.
-    let drain = settings.drain_timeout();
-    tracing::info!(
-        in_flight = offsets.in_flight(),
-        drain_timeout_s = drain.as_secs(),
-        "draining"
-    );
-    let mut joins = Vec::new();
-    for (_, lane) in lanes.by_partition.drain() {
-        lane.stop.cancel();
-        drop(lane.tx);
-        joins.push(lane.join);
+    // commit what was acknowledged and leave the group, each step bounded.
+    let held = wind_down::Held {
+        lanes,
+        boundary,
+        txn,
+        consumer,
+        offsets,
+        publisher,
+        tracer,
+        ledger,
+    };
+    let abandoned = wind_down::wind_down(held, &settings).await;
+    if fatal.is_none() && !abandoned.is_empty() {
+        fatal = Some(anyhow::anyhow!(
+            "stopped with unfinished work abandoned ({}): it is redone by the next owner",
+            abandoned.join(", ")
+        ));
     }
-    joins.extend(lanes.retiring.drain().map(|(_, j)| j));
-    // The partition queues hold the consumer: release them before it closes.
-    drop(lanes);
-    if tokio::time::timeout(drain, futures::future::join_all(joins))
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            in_flight = offsets.in_flight(),
-            "drain timeout: unfinished events stay uncommitted and are redelivered"
-        );
-    }
-    if let Some(b) = boundary.take() {
-        let _ = b.await;
-    }
-    match &txn {
-        // The last transaction: committed when every started event
-        // finished, else aborted (the next owner redoes its events).
-        Some(t) => {
-            let (t, metadata) = (t.clone(), consumer.group_metadata());
-            let _ = tokio::task::spawn_blocking(move || t.finish(metadata, Duration::from_secs(5)))
-                .await;
-        }
-        None => commit::watermarks(
-            &*consumer,
-            &offsets,
-            &settings.kafka.input_topic,
-            CommitMode::Sync,
-        ),
-    }
-    if let Err(e) = publisher.flush(Duration::from_secs(5)) {
-        tracing::warn!(error = %e, "producer flush at shutdown");
-    }
-    // The exporter's thread blocks on its last export: off the runtime.
-    let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
-    consumer.unsubscribe();
-    drop(consumer);
-    ledger.quit().await;
     match fatal {
         Some(e) => Err(e),
         None => {

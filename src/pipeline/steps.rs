@@ -11,7 +11,17 @@ use crate::kafka::publisher::{DeadLetter, Publisher, Trace};
 use crate::ledger::Ledger;
 use crate::metrics;
 use crate::retry::{retry, RetryError, RetryPolicy};
-use crate::telemetry::EventTracer;
+use crate::telemetry::{EventTracer, Sample, Sampler};
+
+/// Logs a per-event warning unless its kind is over its budget this second
+/// (see [`Sampler`]); with the count of those left out before it.
+macro_rules! sampled_warn {
+    ($sampler:expr, $kind:expr, $($rest:tt)+) => {
+        if let Sample::Log { suppressed } = $sampler.check($kind, std::time::Instant::now()) {
+            tracing::warn!(suppressed_before = suppressed, $($rest)+);
+        }
+    };
+}
 
 /// Why an event did not complete.
 pub(super) enum Failure {
@@ -31,6 +41,8 @@ pub(super) struct Processor {
     pub(super) tracer: EventTracer,
     /// `kafka.propagate_headers`.
     pub(super) propagate: Vec<String>,
+    /// Per-event warnings, sampled per kind.
+    pub(super) warnings: Sampler,
 }
 
 impl Processor {
@@ -48,7 +60,8 @@ impl Processor {
         };
         let outcome = match parsed {
             Err(invalid) => {
-                tracing::warn!(kind = invalid.kind.as_str(), reason = %invalid.detail, "invalid event: dead-lettered");
+                let kind = invalid.kind.as_str();
+                sampled_warn!(self.warnings, kind, kind, reason = %invalid.detail, "invalid event: dead-lettered");
                 let dl = DeadLetter {
                     key: msg.key(),
                     payload: msg.payload(),
@@ -100,7 +113,7 @@ impl Processor {
             |e: &crate::ledger::LedgerError| e.disposition(),
             |e, delay| {
                 metrics::retry("redis");
-                tracing::warn!(error = %e, class = %e.class(), retry_in_ms = delay.as_millis() as u64, "redis step failed; retrying");
+                sampled_warn!(self.warnings, "redis_retry", kind = "redis_retry", error = %e, class = %e.class(), retry_in_ms = delay.as_millis() as u64, "redis step failed; retrying");
             },
             op,
         )
@@ -122,7 +135,7 @@ impl Processor {
             |e: &crate::kafka::publisher::PublishError| e.disposition(),
             |e, delay| {
                 metrics::retry("kafka");
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "kafka produce failed; retrying");
+                sampled_warn!(self.warnings, "kafka_retry", kind = "kafka_retry", error = %e, retry_in_ms = delay.as_millis() as u64, "kafka produce failed; retrying");
             },
             op,
         )

@@ -929,13 +929,21 @@ fn the_dead_letter_header_set_names_what_the_publisher_writes() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kafka/publisher.rs"),
     )
     .unwrap();
-    let written: BTreeSet<String> = source
+    let mut written: BTreeSet<String> = source
         .match_indices("header(\"deductor.")
         .map(|(i, m)| {
             let rest = &source[i + m.len() - "deductor.".len()..];
             rest[..rest.find('"').unwrap()].to_owned()
         })
         .collect();
+    // And the names src/kafka/headers.rs defines for them.
+    let names =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kafka/headers.rs"))
+            .unwrap();
+    written.extend(names.match_indices("&str = \"deductor.").map(|(i, m)| {
+        let rest = &names[i + m.len() - "deductor.".len()..];
+        rest[..rest.find('"').unwrap()].to_owned()
+    }));
     assert_eq!(
         documented, written,
         "contract/dead-letter-headers.schema.json vs src/kafka/publisher.rs"

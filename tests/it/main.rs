@@ -44,4 +44,5 @@ mod service {
     mod redis_oom;
     mod secret_files;
     mod security;
+    mod shutdown;
 }

@@ -9,7 +9,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaSettings;
-use crate::kafka::publisher::producer_config;
+use crate::kafka::publisher::tool_producer_config;
 
 use super::*;
 
@@ -100,7 +100,7 @@ pub async fn replay(
     let producer: Option<FutureProducer> = if dry_run {
         None
     } else {
-        Some(producer_config(k).create()?)
+        Some(tool_producer_config(k).create()?)
     };
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut out = Vec::with_capacity(records.len());

@@ -24,6 +24,24 @@ pub const MAX_BUDGET: u64 = 1_000_000_000_000;
 pub const MAX_STOCK: u64 = 1_000_000;
 /// Longest id, in characters.
 pub const MAX_ID_LEN: usize = 64;
+/// The longest [`InvalidEvent::detail`]: it is written to logs, the dead
+/// letter's `deductor.error` header and an `invalid_event` outcome's
+/// `error`, and may quote the producer's input (a 60,000-character `type`).
+pub const MAX_DETAIL_BYTES: usize = 256;
+
+/// `s` cut to at most `max` bytes (at a character boundary), with what was
+/// left out said at the end: for every producer-controlled string deductor
+/// writes to a log line, a span or a header text.
+pub fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…(+{} bytes)", &s[..end], s.len() - end))
+}
 
 /// An identifier that satisfies the contract's id rule: 1 to 64 characters of
 /// `A-Z a-z 0-9 _ . -`. Holding one proves it cannot forge a key or hash slot.

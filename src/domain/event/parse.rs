@@ -45,9 +45,14 @@ struct RawLine {
 }
 
 fn invalid(kind: InvalidKind, detail: impl Into<String>) -> InvalidEvent {
+    let detail: String = detail.into();
+    let detail = match super::clip(&detail, super::MAX_DETAIL_BYTES) {
+        std::borrow::Cow::Owned(cut) => cut,
+        std::borrow::Cow::Borrowed(_) => detail,
+    };
     InvalidEvent {
         kind,
-        detail: detail.into(),
+        detail,
         salvage: Salvage::default(),
     }
 }

@@ -201,3 +201,22 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn detail_is_clipped_however_long_the_input() {
+    let long = "T".repeat(60_000);
+    let v = format!(
+        r#"{{"type":"{long}","event_id":"e","order_id":"o","customer_id":"c","occurred_at":"2026-11-29T10:00:00Z","lines":[{{"promotion_id":"p"}}]}}"#
+    );
+    let e = parse(v.as_bytes()).unwrap_err();
+    assert!(
+        e.detail.len() <= MAX_DETAIL_BYTES + 32,
+        "{}",
+        e.detail.len()
+    );
+    assert_eq!(e.salvage.event_id.unwrap().as_str(), "e");
+    assert_eq!(clip("abc", 3), "abc");
+    assert_eq!(clip("abcd", 3), "abc…(+1 bytes)");
+    // Never inside a character.
+    assert_eq!(clip("aé", 2), "a…(+2 bytes)");
+}

@@ -16,7 +16,7 @@ use crate::common::workload::{self, Shape, Workload};
 
 const WAIT: Duration = Duration::from_secs(180);
 
-fn host_port(url: &str) -> String {
+pub(super) fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
@@ -33,14 +33,14 @@ async fn wait_done_events(svc: &InProcess, n: u64) {
 
 /// A stopped service of the dev stack, started again when dropped (also
 /// when the test fails, so the other tests get their service back).
-struct Down {
+pub(super) struct Down {
     start_verb: &'static str,
     started: bool,
 }
 
 impl Down {
     /// Runs `kill_verb` and waits until nothing answers at `addr`.
-    async fn new(kill_verb: &'static str, start_verb: &'static str, addr: &str) -> Down {
+    pub(super) async fn new(kill_verb: &'static str, start_verb: &'static str, addr: &str) -> Down {
         let down = Down {
             start_verb,
             started: false,
@@ -57,7 +57,7 @@ impl Down {
         down
     }
 
-    fn start(mut self) {
+    pub(super) fn start(mut self) {
         self.started = true;
         service::dev_stack(self.start_verb);
     }
@@ -84,7 +84,7 @@ struct Run {
 }
 
 /// A fixture of the stack with the outage tests' workload seeded.
-async fn seeded(
+pub(super) async fn seeded(
     exclusive: &crate::common::Exclusive,
     label: &str,
     seed: u64,
@@ -106,7 +106,7 @@ async fn seeded(
 }
 
 /// Produces `w` to the input topic, 50 records every 150 ms.
-fn produce_paced(f: &Fixture, w: &Workload) -> tokio::task::JoinHandle<()> {
+pub(super) fn produce_paced(f: &Fixture, w: &Workload) -> tokio::task::JoinHandle<()> {
     let (topic, stream) = (f.topics.input.clone(), w.clone());
     tokio::spawn(async move {
         stream

@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -71,6 +71,14 @@ pub async fn produce(
         let mut rec: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).payload(&r.payload);
         if let Some(k) = &r.key {
             rec = rec.key(k.as_str());
+        }
+        let big: Vec<u8>;
+        if let Some((name, len)) = r.big_header {
+            big = vec![b'h'; len];
+            rec = rec.headers(OwnedHeaders::new().insert(Header {
+                key: name,
+                value: Some(big.as_slice()),
+            }));
         }
         // send_result enqueues now, so records keep their order; the ack is
         // awaited later. A full local queue (a long broker outage) waits.

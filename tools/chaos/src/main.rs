@@ -314,8 +314,8 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
     log(
         started,
         format!(
-            "workload: {} records, {} orders, {} invalid",
-            w.stats.records, w.stats.orders, w.stats.invalid
+            "workload: {} records, {} orders, {} invalid, {} with a ~1 MB header",
+            w.stats.records, w.stats.orders, w.stats.invalid, w.stats.huge_header_records
         ),
     );
 

@@ -64,12 +64,25 @@ impl Promo {
 pub struct Record {
     pub key: Option<String>,
     pub payload: Vec<u8>,
+    /// A header at the input topic's size limit (issue 23: records at the
+    /// size limit), made when the record is produced: its name and the
+    /// length of its value.
+    pub big_header: Option<(&'static str, usize)>,
+}
+
+/// The value length of a [`Record::big_header`] for `payload`: the whole
+/// record just under the broker's default `max.message.bytes` (1 MiB + 12).
+fn big_header_len(payload: &[u8]) -> usize {
+    1_047_000 - payload.len()
 }
 
 /// Counts of what was generated, for the report.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Stats {
     pub records: usize,
+    /// Records with a header of about 1 MB (see [`Record::big_header`]).
+    #[serde(default)]
+    pub huge_header_records: usize,
     pub orders: usize,
     pub placements: usize,
     pub multi_line_placements: usize,
@@ -196,8 +209,15 @@ impl Gen {
         let rec = |payload: Vec<u8>| Record {
             key: Some(o.clone()),
             payload,
+            big_header: None,
         };
         let mut seq = vec![rec(placed.clone())];
+        if self.rng.chance(0.002) {
+            // A valid event with a ~1 MB tracestate: it gets its outcome
+            // (with the tracestate left out) like any other.
+            seq[0].big_header = Some(("tracestate", big_header_len(&placed)));
+            self.stats.huge_header_records += 1;
+        }
         let later = at + 3_600;
 
         if self.rng.chance(0.04) {
@@ -440,7 +460,17 @@ impl Gen {
             .invalid_by_kind
             .entry(kind.to_owned())
             .or_default() += 1;
-        Record { key, payload }
+        let big_header = self.rng.chance(0.02).then(|| {
+            // An invalid event with a ~1 MB header: dead-lettered with its
+            // original headers cut to fit.
+            self.stats.huge_header_records += 1;
+            ("x-big", big_header_len(&payload))
+        });
+        Record {
+            key,
+            payload,
+            big_header,
+        }
     }
 }
 

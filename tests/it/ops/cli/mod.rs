@@ -19,6 +19,7 @@ mod check;
 mod dlq;
 mod live;
 mod lookup;
+mod modes;
 mod operator;
 mod promo;
 

@@ -548,3 +548,6 @@ async fn hostile_records_are_dead_lettered_end_to_end() {
         .await;
     f.cleanup().await;
 }
+
+mod logs;
+mod size_limit;
