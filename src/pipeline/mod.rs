@@ -212,6 +212,7 @@ pub async fn run_with_ledger(
     commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
     let mut fatal: Option<anyhow::Error> = None;
+    let mut refusals = crate::kafka::refusal::Refusals::default();
     status.touch();
 
     loop {
@@ -310,7 +311,7 @@ pub async fn run_with_ledger(
                     Err(e) => Err(e),
                 };
                 if let Err(e) = result {
-                    if let Some(e) = consumer_error(e) {
+                    if let Some(e) = consumer_error(e, &mut refusals) {
                         fatal = Some(e);
                         break;
                     }
@@ -320,7 +321,7 @@ pub async fn run_with_ledger(
                 status.touch();
                 lanes.apply_notes(&consumer, topic, &status);
                 if let Err(e) = lanes.hand_over(&consumer, topic, pulled) {
-                    if let Some(e) = consumer_error(e) {
+                    if let Some(e) = consumer_error(e, &mut refusals) {
                         fatal = Some(e);
                         break;
                     }
