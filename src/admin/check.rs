@@ -180,10 +180,21 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
             // an error event, while the metadata request only times out
             // as a transport failure, which alone does not say what to
             // fix. The event carries the code, never the password.
-            let cause = (0..5).find_map(|_| match consumer.poll(Duration::from_millis(100)) {
-                Some(Err(cause)) => Some(cause),
-                _ => None,
-            });
+            // A refused handshake is first reported as a transport
+            // failure, then (on the retry) as what it is: wait up to 2 s
+            // for an error that names the cause.
+            let mut cause: Option<KafkaError> = None;
+            for _ in 0..20 {
+                if let Some(Err(c)) = consumer.poll(Duration::from_millis(100)) {
+                    let named = names_the_cause(&c);
+                    if cause.is_none() || named {
+                        cause = Some(c);
+                    }
+                    if named {
+                        break;
+                    }
+                }
+            }
             refused("consumer", k, &e, cause.as_ref())
         })?;
     producer_check(k)?;
@@ -244,6 +255,11 @@ fn refused(
     KafkaFailure { detail, code }
 }
 
+/// A refused login or TLS handshake, rather than a transport failure.
+fn names_the_cause(e: &KafkaError) -> bool {
+    crate::kafka::refused(e)
+}
+
 /// Keeps the first error librdkafka reports through the error callback
 /// (a producer has no event queue to poll for it).
 #[derive(Default)]
@@ -253,8 +269,7 @@ impl rdkafka::ClientContext for FirstError {
     fn error(&self, error: KafkaError, _reason: &str) {
         let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
         // An error that names the cause beats a generic transport failure.
-        if first.is_none() || crate::exit::kafka_exit_code(&error) == Some(crate::error::EXIT_USAGE)
-        {
+        if first.is_none() || names_the_cause(&error) {
             *first = Some(error);
         }
     }
@@ -286,7 +301,19 @@ fn producer_check(k: &KafkaSettings) -> Result<(), KafkaFailure> {
     match result {
         Ok(_) => Ok(()),
         Err(e) => {
-            producer.poll(Duration::from_millis(100));
+            let first = || {
+                producer
+                    .context()
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            };
+            for _ in 0..20 {
+                if first().as_ref().is_some_and(names_the_cause) {
+                    break;
+                }
+                producer.poll(Duration::from_millis(100));
+            }
             let cause = producer
                 .context()
                 .0
