@@ -230,7 +230,19 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 (None, _) => false,
             };
             if let (Some(n), true) = (want, lowered && change == Change::Changed) {
-                let (over, max) = promos::customers_over(&ledger, &p, n).await?;
+                // The limit is changed already: a user without SCAN (the
+                // operators' user) gets a note instead of a failure.
+                let (over, max) = match promos::customers_over(&ledger, &p, n).await {
+                    Ok(counted) => counted,
+                    Err(AdminError::Ledger(e)) if e.class() == crate::ledger::ErrorClass::Auth => {
+                        println!(
+                            "note: customers over the new limit not counted ({e}); \
+                             `deductor audit` as the readers' user reports them"
+                        );
+                        (0, 0)
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 if over > 0 {
                     println!(
                         "note: {over} customer(s) already hold more than {n} counted order(s) \
@@ -337,6 +349,10 @@ async fn audit_json(
 /// one Redis pool serves both the pipeline and `/readyz`. A server that
 /// cannot bind (or fails later) stops the service with its error.
 async fn run(settings: Settings) -> anyhow::Result<()> {
+    // The same warnings as `deductor check`'s "security" lines.
+    for w in crate::config::weakened(&settings) {
+        tracing::warn!(setting = %w.key, "weakened setting: {}", w.why);
+    }
     let shutdown = shutdown::on_signals();
     // A second before the bound: the process is gone when it ends (and
     // when the chart's grace period, the same length, ends).
@@ -349,12 +365,11 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut server = None;
     if !settings.http.listen.is_empty() {
         let handle = http::install_recorder()?;
-        let listen = settings.http.listen.clone();
-        let stall = std::time::Duration::from_secs(settings.http.stall_timeout_secs);
+        let http_settings = settings.http.clone();
         let (status, stop) = (status.clone(), shutdown.child_token());
         let stop_server = stop.clone();
         let task =
-            tokio::spawn(async move { http::serve(&listen, handle, status, stall, stop).await });
+            tokio::spawn(async move { http::serve(&http_settings, handle, status, stop).await });
         server = Some((task, stop_server));
     }
     let service = {

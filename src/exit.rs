@@ -44,17 +44,29 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         if let Some(code) = ledger.and_then(redis_exit_code) {
             return code;
         }
-        if cause
-            .downcast_ref::<KafkaError>()
-            .is_some_and(crate::kafka::unreachable)
-        {
-            return EXIT_UNREACHABLE;
+        if let Some(code) = cause.downcast_ref::<KafkaError>().and_then(kafka_exit_code) {
+            return code;
         }
     }
     EXIT_FAILED
 }
 
-fn redis_exit_code(e: &LedgerError) -> Option<u8> {
+/// A Kafka error's code: a refused login or TLS handshake (wrong password,
+/// an untrusted certificate) is the configuration's to fix, 2, like wrong
+/// Redis credentials; a broker out of reach 3.
+pub fn kafka_exit_code(e: &KafkaError) -> Option<u8> {
+    if crate::kafka::refused(e) {
+        Some(EXIT_USAGE)
+    } else if crate::kafka::unreachable(e) {
+        Some(EXIT_UNREACHABLE)
+    } else {
+        None
+    }
+}
+
+/// A Redis error's code: 3 out of reach, 2 credentials, ACL or TLS
+/// settings to fix.
+pub fn redis_exit_code(e: &LedgerError) -> Option<u8> {
     match e.class() {
         ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster => {
             Some(EXIT_UNREACHABLE)

@@ -19,7 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::config::{redact_url, KafkaSettings, Settings};
 use crate::error::{EXIT_FAILED, EXIT_UNREACHABLE};
 use crate::kafka::consumer::consumer_config;
-use crate::ledger::{ErrorClass, Ledger, LedgerError};
+use crate::ledger::{Ledger, LedgerError};
 
 mod servers;
 
@@ -46,8 +46,11 @@ pub struct Line {
     pub name: &'static str,
     pub status: Status,
     pub detail: String,
-    /// A failure because Kafka or Redis could not be reached (exit 3).
-    pub unreachable: bool,
+    /// A failure's exit code, from the one table in [`crate::exit`]: 3
+    /// Kafka or Redis could not be reached, 2 the configuration must change
+    /// (credentials refused, a certificate not trusted), else 1. 0 for a
+    /// line that did not fail.
+    pub code: u8,
 }
 
 /// Every check's result, in order.
@@ -57,25 +60,35 @@ pub struct Report {
 }
 
 impl Report {
-    fn push(&mut self, name: &'static str, status: Status, detail: String, unreachable: bool) {
+    fn push(&mut self, name: &'static str, status: Status, detail: String, code: u8) {
         self.lines.push(Line {
             name,
             status,
             detail,
-            unreachable,
+            code,
         });
     }
 
     fn ok(&mut self, name: &'static str, detail: String) {
-        self.push(name, Status::Ok, detail, false);
+        self.push(name, Status::Ok, detail, 0);
     }
 
     fn warn(&mut self, name: &'static str, detail: String) {
-        self.push(name, Status::Warn, detail, false);
+        self.push(name, Status::Warn, detail, 0);
     }
 
     fn fail(&mut self, name: &'static str, detail: String, unreachable: bool) {
-        self.push(name, Status::Fail, detail, unreachable);
+        let code = if unreachable {
+            EXIT_UNREACHABLE
+        } else {
+            EXIT_FAILED
+        };
+        self.fail_code(name, detail, code);
+    }
+
+    /// A failure with the exit code [`crate::exit`] gives its error.
+    fn fail_code(&mut self, name: &'static str, detail: String, code: u8) {
+        self.push(name, Status::Fail, detail, code.max(EXIT_FAILED));
     }
 
     /// True when no check failed (warnings allowed).
@@ -83,21 +96,16 @@ impl Report {
         self.lines.iter().all(|l| l.status != Status::Fail)
     }
 
-    /// 0 passed; 3 when a dependency could not be reached; else 1.
+    /// 0 passed; else the highest code of the failures: 3 when a
+    /// dependency could not be reached, 2 when the configuration must
+    /// change (credentials, certificates), else 1.
     pub fn exit_code(&self) -> u8 {
-        let failed = self.lines.iter().filter(|l| l.status == Status::Fail);
-        let mut code = 0;
-        for l in failed {
-            code = if l.unreachable {
-                EXIT_UNREACHABLE
-            } else {
-                code.max(EXIT_FAILED)
-            };
-            if code == EXIT_UNREACHABLE {
-                break;
-            }
-        }
-        code
+        self.lines
+            .iter()
+            .filter(|l| l.status == Status::Fail)
+            .map(|l| l.code)
+            .max()
+            .unwrap_or(0)
     }
 
     /// `ok    name: detail` lines (`WARN`, `FAIL` for the others).
@@ -150,16 +158,18 @@ struct Uncommitted {
     all: bool,
 }
 
-/// A Kafka failure and whether it means Kafka could not be reached.
+/// A Kafka failure and its exit code.
 struct KafkaFailure {
     detail: String,
-    unreachable: bool,
+    code: u8,
 }
 
 fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     let failed = |detail: String, e: Option<&KafkaError>| KafkaFailure {
         detail,
-        unreachable: e.is_some_and(crate::kafka::unreachable),
+        code: e
+            .and_then(crate::exit::kafka_exit_code)
+            .unwrap_or(EXIT_FAILED),
     };
     let mut config = consumer_config(k);
     // No statistics: the default context would print them every interval.
@@ -174,34 +184,24 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
             // an error event, while the metadata request only times out
             // as a transport failure, which alone does not say what to
             // fix. The event carries the code, never the password.
-            let cause = (0..5).find_map(|_| match consumer.poll(Duration::from_millis(100)) {
-                Some(Err(cause)) => Some(cause),
-                _ => None,
-            });
-            let refused = cause
-                .as_ref()
-                .and_then(|c| c.rdkafka_error_code())
-                .is_some_and(|c| {
-                    matches!(
-                        c,
-                        RDKafkaErrorCode::Authentication
-                            | RDKafkaErrorCode::SaslAuthenticationFailed
-                    )
-                });
-            let detail = match &cause {
-                Some(cause) if refused => format!(
-                    "metadata from {}: {e}; the broker refused the login \
-                     (check kafka.consumer sasl.username / sasl.password): {cause}",
-                    k.brokers
-                ),
-                Some(cause) => format!("metadata from {}: {e}; {cause}", k.brokers),
-                None => format!("metadata from {}: {e}", k.brokers),
-            };
-            KafkaFailure {
-                detail,
-                unreachable: !refused,
+            // A refused handshake is first reported as a transport
+            // failure, then (on the retry) as what it is: wait up to 2 s
+            // for an error that names the cause.
+            let mut cause: Option<KafkaError> = None;
+            for _ in 0..20 {
+                if let Some(Err(c)) = consumer.poll(Duration::from_millis(100)) {
+                    let named = names_the_cause(&c);
+                    if cause.is_none() || named {
+                        cause = Some(c);
+                    }
+                    if named {
+                        break;
+                    }
+                }
             }
+            refused("consumer", k, &e, cause.as_ref())
         })?;
+    producer_check(k)?;
     let mut topics = Vec::new();
     let mut input_partitions = Vec::new();
     for t in [&k.input_topic, &k.outcome_topic, &k.dlq_topic] {
@@ -243,6 +243,109 @@ pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
         return Ok(false);
     }
     uncommitted(&consumer, k, &partitions).map(|u| !u.all)
+/// Why the metadata request of `client` failed, from the error event that
+/// came with it (`cause`), and its exit code: a refused login or TLS
+/// handshake is the configuration's to fix (2), anything else is taken as
+/// Kafka out of reach (3).
+fn refused(
+    client: &str,
+    k: &KafkaSettings,
+    e: &KafkaError,
+    cause: Option<&KafkaError>,
+) -> KafkaFailure {
+    let code = cause
+        .and_then(crate::exit::kafka_exit_code)
+        .unwrap_or(EXIT_UNREACHABLE);
+    let what = match cause.and_then(|c| c.rdkafka_error_code()) {
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed) => {
+            format!(
+                "the broker refused the login (check kafka.{client} sasl.username / sasl.password)"
+            )
+        }
+        Some(RDKafkaErrorCode::SSL) => format!(
+            "the TLS handshake failed (check kafka.{client} ssl.ca.location and the brokers' \
+             certificates)"
+        ),
+        _ => String::new(),
+    };
+    let detail = match cause {
+        Some(cause) if !what.is_empty() => {
+            format!("{client} metadata from {}: {e}; {what}: {cause}", k.brokers)
+        }
+        Some(cause) => format!("{client} metadata from {}: {e}; {cause}", k.brokers),
+        None => format!("{client} metadata from {}: {e}", k.brokers),
+    };
+    KafkaFailure { detail, code }
+}
+
+/// A refused login or TLS handshake, rather than a transport failure.
+fn names_the_cause(e: &KafkaError) -> bool {
+    crate::kafka::refused(e)
+}
+
+/// Keeps the first error librdkafka reports through the error callback
+/// (a producer has no event queue to poll for it).
+#[derive(Default)]
+struct FirstError(std::sync::Mutex<Option<KafkaError>>);
+
+impl rdkafka::ClientContext for FirstError {
+    fn error(&self, error: KafkaError, _reason: &str) {
+        let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // An error that names the cause beats a generic transport failure.
+        if first.is_none() || names_the_cause(&error) {
+            *first = Some(error);
+        }
+    }
+}
+
+impl rdkafka::producer::ProducerContext for FirstError {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+/// The producer's own settings reach the brokers: `run` produces with
+/// [`kafka.producer`], which may differ from the consumer's (e.g. SASL_SSL
+/// set only under `[kafka.consumer]`).
+fn producer_check(k: &KafkaSettings) -> Result<(), KafkaFailure> {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let mut config = crate::kafka::publisher::producer_config(k);
+    config.set("statistics.interval.ms", "0");
+    // Metadata only: no transaction is started here.
+    config.remove("transactional.id");
+    let producer: BaseProducer<FirstError> = config
+        .create_with_context(FirstError::default())
+        .map_err(|e| KafkaFailure {
+            detail: format!("producer: {e}"),
+            code: crate::exit::kafka_exit_code(&e).unwrap_or(EXIT_FAILED),
+        })?;
+    let result = producer
+        .client()
+        .fetch_metadata(Some(&k.outcome_topic), Duration::from_secs(10));
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let first = || {
+                producer
+                    .context()
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            };
+            for _ in 0..20 {
+                if first().as_ref().is_some_and(names_the_cause) {
+                    break;
+                }
+                producer.poll(Duration::from_millis(100));
+            }
+            let cause = producer
+                .context()
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            Err(refused("producer", k, &e, cause.as_ref()))
+        }
+    }
 }
 
 /// The group coordinator is being elected or loaded: ask again.
@@ -309,6 +412,9 @@ pub async fn run(settings: &Settings) -> Report {
             redact_url(&settings.redis.url)
         ),
     );
+    for w in crate::config::weakened(settings) {
+        r.warn("security", w.to_string());
+    }
 
     let k = settings.kafka.clone();
     let kafka = tokio::task::spawn_blocking(move || kafka_checks(&k))
@@ -316,7 +422,7 @@ pub async fn run(settings: &Settings) -> Report {
         .unwrap_or_else(|e| {
             Err(KafkaFailure {
                 detail: e.to_string(),
-                unreachable: false,
+                code: EXIT_FAILED,
             })
         });
     match kafka {
@@ -328,7 +434,7 @@ pub async fn run(settings: &Settings) -> Report {
             offsets_check(&mut r, &settings.kafka, &facts);
             servers::kafka(&mut r, &settings.kafka).await;
         }
-        Err(f) => r.fail("kafka", f.detail, f.unreachable),
+        Err(f) => r.fail_code("kafka", f.detail, f.code),
     }
 
     match tokio::time::timeout(Duration::from_secs(10), Ledger::connect(&settings.redis)).await {
@@ -338,8 +444,8 @@ pub async fn run(settings: &Settings) -> Report {
             true,
         ),
         Ok(Err(e)) => {
-            let unreachable = unreachable(&e);
-            r.fail("redis", e.to_string(), unreachable);
+            let code = ledger_code(&e);
+            r.fail_code("redis", e.to_string(), code);
         }
         Ok(Ok(ledger)) => {
             match ledger.ping().await {
@@ -348,15 +454,15 @@ pub async fn run(settings: &Settings) -> Report {
                     format!("{} answers", redact_url(&settings.redis.url)),
                 ),
                 Err(e) => {
-                    let unreachable = unreachable(&e);
-                    r.fail("redis", e.to_string(), unreachable);
+                    let code = ledger_code(&e);
+                    r.fail_code("redis", e.to_string(), code);
                 }
             }
             match ledger.load_scripts().await {
                 Ok(()) => r.ok("scripts", "loaded".to_owned()),
                 Err(e) => {
-                    let unreachable = unreachable(&e);
-                    r.fail("scripts", e.to_string(), unreachable);
+                    let code = ledger_code(&e);
+                    r.fail_code("scripts", e.to_string(), code);
                 }
             }
             durability_check(&mut r, &ledger).await;
@@ -368,11 +474,9 @@ pub async fn run(settings: &Settings) -> Report {
     r
 }
 
-fn unreachable(e: &LedgerError) -> bool {
-    matches!(
-        e.class(),
-        ErrorClass::Connection | ErrorClass::Timeout | ErrorClass::Busy | ErrorClass::Cluster
-    )
+/// The exit code of a Redis failure: the same as any command's.
+fn ledger_code(e: &LedgerError) -> u8 {
+    crate::exit::redis_exit_code(e).unwrap_or(EXIT_FAILED)
 }
 
 /// Warns when the group has no committed offset on input partitions that

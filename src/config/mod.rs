@@ -162,6 +162,14 @@ pub struct RetrySettings {
 pub struct HttpSettings {
     pub listen: String,
     pub stall_timeout_secs: u64,
+    /// A request's headers must be complete within this long of the server
+    /// waiting for them (also the wait for a kept-alive connection's next
+    /// request).
+    pub header_read_timeout_ms: u64,
+    /// A connection on which no byte moved either way for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Connections served at once, besides the few kept for the probes.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -213,8 +221,10 @@ pub enum ConfigError {
 mod load;
 mod redact;
 mod validate;
+mod weakened;
 
 pub use redact::{is_secret_property, redact_url};
+pub use weakened::{weakened, Weakened};
 
 impl Settings {
     pub fn command_timeout(&self) -> Duration {

@@ -414,13 +414,32 @@ fn retry(t: &RetrySettings) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `http.listen`: empty, or an address.
+/// `http.listen`: empty, or an address; the connection limits in range.
 fn http(h: &HttpSettings) -> Result<(), ConfigError> {
     if !h.listen.is_empty() && h.listen.parse::<std::net::SocketAddr>().is_err() {
         return Err(bad(
             "http.listen",
             format!("{:?} is not an address", h.listen),
             "use ip:port such as 0.0.0.0:9464, or empty to disable",
+        ));
+    }
+    for (key, v) in [
+        ("http.header_read_timeout_ms", h.header_read_timeout_ms),
+        ("http.idle_timeout_ms", h.idle_timeout_ms),
+    ] {
+        if !(100..=600_000).contains(&v) {
+            return Err(bad(
+                key,
+                format!("{v} is out of range"),
+                "use 100 to 600000 (milliseconds)",
+            ));
+        }
+    }
+    if !(1..=10_000).contains(&h.max_connections) {
+        return Err(bad(
+            "http.max_connections",
+            format!("{} is out of range", h.max_connections),
+            "use 1 to 10000",
         ));
     }
     Ok(())

@@ -44,6 +44,9 @@ pub struct Context {
     /// `exactly_once`: a revoke aborts the open transaction instead of
     /// committing (an abort that fails has the producer replaced).
     txn: Option<Arc<Transactions>>,
+    /// Rate limits of the client's error and log lines.
+    noise: Mutex<crate::kafka::refusal::Refusals>,
+    log_throttle: crate::kafka::refusal::LogThrottle,
 }
 
 impl Context {
@@ -55,6 +58,8 @@ impl Context {
             notes: Mutex::new(Vec::new()),
             assigned: Mutex::new(BTreeSet::new()),
             noted: tokio::sync::Notify::new(),
+            noise: Mutex::default(),
+            log_throttle: Default::default(),
         }
     }
 
@@ -99,7 +104,20 @@ impl ClientContext for Context {
 
     fn error(&self, error: KafkaError, reason: &str) {
         metrics::kafka_error(&error);
-        tracing::warn!(error = %error, reason, "kafka client error");
+        // librdkafka reports every failed reconnect (dozens a second while
+        // a broker refuses the handshake): one line per 10 s.
+        let times = self
+            .noise
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .quiet(tokio::time::Instant::now());
+        if let Some(times) = times {
+            tracing::warn!(error = %error, reason, times, "kafka client error");
+        }
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.log_throttle.log(level, fac, log_message);
     }
 }
 

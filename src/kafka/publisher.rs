@@ -117,6 +117,10 @@ struct FatalSlot {
     notify: Notify,
     /// The generation of the current producer.
     current: std::sync::atomic::AtomicU64,
+    /// Refused TLS handshakes: fatal once they persist; and the rate
+    /// limit of the producer's error lines.
+    refusals: Mutex<crate::kafka::refusal::Refusals>,
+    log_throttle: crate::kafka::refusal::LogThrottle,
 }
 
 impl ClientContext for PublisherContext {
@@ -126,17 +130,45 @@ impl ClientContext for PublisherContext {
             tracing::debug!(error = %error, reason, "kafka error of a replaced producer");
             return;
         }
-        if classify(&error) == Disposition::Fatal {
-            tracing::error!(error = %error, reason, "kafka producer: fatal client error");
-            let mut slot = self.fatal.failure.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert(ClientFailure {
-                reason: reason.to_owned(),
-                source: error,
-            });
-            self.fatal.notify.notify_one();
-        } else {
-            tracing::warn!(error = %error, reason, "kafka producer client error");
+        let mut fatal = classify(&error) == Disposition::Fatal;
+        if !fatal && crate::kafka::refused(&error) {
+            let v = self
+                .fatal
+                .refusals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .note(tokio::time::Instant::now());
+            if !v.persistent {
+                if let Some(times) = v.log {
+                    tracing::warn!(error = %error, reason, times, "kafka producer refused; librdkafka retries, the service stops if it persists");
+                }
+                return;
+            }
+            fatal = true;
         }
+        if !fatal {
+            let times = self
+                .fatal
+                .refusals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .quiet(tokio::time::Instant::now());
+            if let Some(times) = times {
+                tracing::warn!(error = %error, reason, times, "kafka producer client error");
+            }
+            return;
+        }
+        tracing::error!(error = %error, reason, "kafka producer: fatal client error");
+        let mut slot = self.fatal.failure.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(ClientFailure {
+            reason: reason.to_owned(),
+            source: error,
+        });
+        self.fatal.notify.notify_one();
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.fatal.log_throttle.log(level, fac, log_message);
     }
 }
 

@@ -19,6 +19,15 @@ use crate::domain::keys::Keys;
 /// The TLS connector of `rediss://` urls: the system's roots plus
 /// `redis.tls_ca_file`, verification off only on request.
 fn tls_connector(s: &RedisSettings) -> Result<TlsConnector, LedgerError> {
+    TlsConnector::try_from(tls_builder(s, true)?).map_err(|e| LedgerError::redis("connect", e))
+}
+
+/// [`tls_connector`]'s native-tls builder; `warn`: log that verification
+/// is off.
+fn tls_builder(
+    s: &RedisSettings,
+    warn: bool,
+) -> Result<fred::native_tls::TlsConnectorBuilder, LedgerError> {
     let tls_error = |detail: String| {
         LedgerError::redis(
             "connect",
@@ -42,14 +51,49 @@ fn tls_connector(s: &RedisSettings) -> Result<TlsConnector, LedgerError> {
         }
     }
     if s.tls_insecure_skip_verify {
-        tracing::warn!(
-            "redis.tls_insecure_skip_verify is on: the Redis server's certificate is not checked"
-        );
+        if warn {
+            tracing::warn!(
+                "redis.tls_insecure_skip_verify is on: the Redis server's certificate is not checked"
+            );
+        }
         builder
             .danger_accept_invalid_certs(true)
             .danger_accept_invalid_hostnames(true);
     }
-    TlsConnector::try_from(builder).map_err(|e| LedgerError::redis("connect", e))
+    Ok(builder)
+}
+
+/// fred reports a `rediss-sentinel://` whose sentinels all refused the TLS
+/// handshake only as "failed to connect to all sentinel nodes" (a
+/// connection failure, retried, exit 3), while `rediss://` reports the
+/// certificate (exit 2). After such a failure the first sentinel's
+/// handshake is tried once more here: a refused certificate is returned as
+/// the TLS error it is. `None`: not TLS to sentinels, or the handshake
+/// passes (the failure was something else).
+async fn sentinel_tls_refusal(s: &RedisSettings) -> Option<LedgerError> {
+    let u = SentinelUrl::parse(&s.url).ok().filter(|u| u.tls)?;
+    let (host, port) = u.sentinels.first()?.clone();
+    let connector = tls_builder(s, false).ok()?.build().ok()?;
+    let timeout = Duration::from_millis(s.connect_timeout_ms.max(1));
+    let refused = tokio::task::spawn_blocking(move || {
+        use std::net::ToSocketAddrs;
+        let addr = (host.as_str(), port).to_socket_addrs().ok()?.next()?;
+        let tcp = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+        tcp.set_read_timeout(Some(timeout)).ok()?;
+        tcp.set_write_timeout(Some(timeout)).ok()?;
+        match connector.connect(&host, tcp) {
+            Err(fred::native_tls::HandshakeError::Failure(e)) => {
+                Some(format!("sentinel {host}:{port}: {e:?}"))
+            }
+            _ => None,
+        }
+    })
+    .await
+    .ok()??;
+    Some(LedgerError::redis(
+        "connect",
+        fred::error::Error::new(fred::error::ErrorKind::Tls, refused),
+    ))
 }
 
 /// The fred config of `settings`: the url (our `redis-sentinel://` syntax,
@@ -152,6 +196,12 @@ impl Ledger {
         };
         if let Some(e) = failure {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.quit()).await;
+            if e.class() == super::ErrorClass::Connection && SentinelUrl::is_sentinel(&settings.url)
+            {
+                if let Some(tls) = sentinel_tls_refusal(settings).await {
+                    return Err(tls);
+                }
+            }
             return Err(e);
         }
         // One script may touch every key only outside a Cluster, and the

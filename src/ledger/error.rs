@@ -159,11 +159,50 @@ pub fn classify(e: &RedisError) -> ErrorClass {
     }
 }
 
+/// A fred error for people: a TLS failure in one line that says what
+/// was refused and what to check, instead of OpenSSL's error stack.
+fn describe(e: &RedisError) -> String {
+    if *e.kind() != ErrorKind::Tls {
+        return e.to_string();
+    }
+    match tls_summary(e.details()) {
+        Some(reason) => format!(
+            "TLS handshake failed: {reason}; check redis.tls_ca_file (the CA that signed the \
+             server's certificate) and that the url's host is in the certificate"
+        ),
+        None => e.to_string(),
+    }
+}
+
+/// The reasons in native-tls / OpenSSL's debug text (`reason: "certificate
+/// verify failed"`, `X509VerifyResult { .., error: "self-signed
+/// certificate in certificate chain" }`), joined; `None` when it has none.
+/// For display only: classification never reads text.
+fn tls_summary(details: &str) -> Option<String> {
+    let quoted = |key: &str| {
+        let start = details.find(key)? + key.len();
+        let end = details[start..].find('"')?;
+        Some(details[start..start + end].to_owned())
+    };
+    let parts: Vec<String> = [
+        quoted("reason: \""),
+        quoted("X509VerifyResult { code: ").and(quoted("error: \"")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        None
+    } else {
+        Some(parts.join(": "))
+    }
+}
+
 /// A ledger operation failed; [`LedgerError::disposition`] says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     /// Redis (or the connection to it) failed; `op` is the script or command.
-    #[error("redis {op} failed ({class}): {cause}")]
+    #[error("redis {op} failed ({class}): {}", describe(.cause))]
     Redis {
         op: &'static str,
         class: ErrorClass,
@@ -288,6 +327,28 @@ impl LedgerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_failures_read_as_one_line_without_the_openssl_stack() {
+        let dump = "TLS Error: Ssl(Error { code: ErrorCode(1), cause: Some(Ssl(ErrorStack([Error { \
+            code: 167772294, library: \"SSL routines\", function: \"tls_post_process_server_certificate\", \
+            reason: \"certificate verify failed\", file: \"../ssl/statem/statem_clnt.c\", line: 1889 }]))) }, \
+            X509VerifyResult { code: 19, error: \"self-signed certificate in certificate chain\" })";
+        let e = LedgerError::redis("connect", RedisError::new(ErrorKind::Tls, dump));
+        let text = e.to_string();
+        assert_eq!(e.class(), ErrorClass::Config);
+        assert!(
+            text.contains(
+                "certificate verify failed: self-signed certificate in certificate chain"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("redis.tls_ca_file"), "{text}");
+        assert!(!text.contains("statem") && !text.contains('\n'), "{text}");
+        // Other errors keep fred's text.
+        let e = LedgerError::redis("get", RedisError::new(ErrorKind::IO, "refused"));
+        assert!(e.to_string().ends_with("refused"), "{e}");
+    }
 
     fn reply(details: &'static str) -> RedisError {
         // fred gives server error replies without a recognized code the kind `Unknown`.

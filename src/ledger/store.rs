@@ -61,12 +61,43 @@ impl Ledger {
         };
         let mut out = Vec::new();
         while let Some(k) = stream.next().await {
-            let k = k.map_err(|e| LedgerError::redis("scan", e))?;
+            let k = match k {
+                Ok(k) => k,
+                Err(e) => return Err(self.scan_error(pattern, e).await),
+            };
             if let Some(s) = k.as_str() {
                 out.push(s.to_owned());
             }
         }
         Ok(out)
+    }
+
+    /// fred reads a refused `SCAN` (`NOPERM`) as a reply of the wrong shape
+    /// ("Expected bulk string array from SCAN"): asked once more directly,
+    /// the server's own refusal is reported instead, so a missing ACL
+    /// permission reads as one (and exits 2, not 1).
+    async fn scan_error(&self, pattern: &str, e: fred::error::Error) -> LedgerError {
+        use fred::error::ErrorKind;
+        use fred::types::{ClusterHash, CustomCommand};
+        if matches!(e.kind(), ErrorKind::Protocol | ErrorKind::Parse) {
+            let cmd = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
+            let args: Vec<fred::prelude::Value> = vec![
+                "0".into(),
+                "MATCH".into(),
+                pattern.into(),
+                "COUNT".into(),
+                "1".into(),
+            ];
+            if let Err(direct) = self
+                .pool()
+                .next()
+                .custom::<fred::prelude::Value, _>(cmd, args)
+                .await
+            {
+                return LedgerError::redis("scan", direct);
+            }
+        }
+        LedgerError::redis("scan", e)
     }
 
     /// Every field of hash `key` (empty when it does not exist).

@@ -232,6 +232,7 @@ pub async fn run_with_ledger(
     let mut stash_tick = tokio::time::interval(Duration::from_millis(5));
     let mut fatal: Option<anyhow::Error> = None;
     let mut drained_checks = 0u32;
+    let mut refusals = crate::kafka::refusal::Refusals::default();
     status.running();
 
     loop {
@@ -355,7 +356,7 @@ pub async fn run_with_ledger(
                     Err(e) => Err(e),
                 };
                 if let Err(e) = result {
-                    if let Some(e) = consumer_error(e) {
+                    if let Some(e) = consumer_error(e, &mut refusals) {
                         fatal = Some(e);
                         break;
                     }
@@ -365,7 +366,7 @@ pub async fn run_with_ledger(
                 status.touch();
                 lanes.apply_notes(&consumer, topic, &status);
                 if let Err(e) = lanes.hand_over(&consumer, topic, pulled) {
-                    if let Some(e) = consumer_error(e) {
+                    if let Some(e) = consumer_error(e, &mut refusals) {
                         fatal = Some(e);
                         break;
                     }

@@ -217,12 +217,32 @@ impl Lanes {
 }
 
 /// A consumer error: logged and counted; `Some` when the service cannot go on.
-pub(super) fn consumer_error(e: rdkafka::error::KafkaError) -> Option<anyhow::Error> {
+/// A refused TLS handshake is retried by librdkafka by itself: logged at
+/// most every 10 s, and fatal once refusals persist (`refusals`).
+pub(super) fn consumer_error(
+    e: rdkafka::error::KafkaError,
+    refusals: &mut crate::kafka::refusal::Refusals,
+) -> Option<anyhow::Error> {
     metrics::kafka_error(&e);
+    if crate::kafka::refused(&e) && crate::kafka::publisher::classify(&e) != Disposition::Fatal {
+        let v = refusals.note(tokio::time::Instant::now());
+        if v.persistent {
+            return Some(anyhow::Error::new(e).context(format!(
+                "kafka consumer: the brokers kept refusing the connection for {}s",
+                crate::kafka::refusal::REFUSAL_BOUND.as_secs()
+            )));
+        }
+        if let Some(times) = v.log {
+            tracing::warn!(error = %e, times, "kafka consumer refused; librdkafka retries, the service stops if it persists");
+        }
+        return None;
+    }
     match crate::kafka::publisher::classify(&e) {
         Disposition::Fatal => Some(anyhow::Error::new(e).context("kafka consumer")),
         _ => {
-            tracing::warn!(error = %e, "kafka consumer error; librdkafka reconnects by itself");
+            if let Some(times) = refusals.quiet(tokio::time::Instant::now()) {
+                tracing::warn!(error = %e, times, "kafka consumer error; librdkafka reconnects by itself");
+            }
             None
         }
     }

@@ -32,6 +32,7 @@ mod ledger {
 
 mod ops {
     mod cli;
+    mod http_limits;
 }
 
 mod service {

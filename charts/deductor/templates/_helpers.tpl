@@ -300,6 +300,16 @@ otlp: {{ $otlp | toJson }}
   value: {{ printf "%s-$(DEDUCTOR_POD_NAME)" (default "deductor" $kafka.group_id) | quote }}
 {{- end }}
 {{- end }}
+{{- if .Values.httpListenOnPodIP }}
+{{- /* /metrics, /healthz and /readyz on the pod IP only (what the
+kubelet and the scraper use), not on every interface of the pod. */}}
+- name: DEDUCTOR_POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: DEDUCTOR_HTTP_LISTEN
+  value: {{ printf "$(DEDUCTOR_POD_IP):%d" (int64 .Values.httpPort) | quote }}
+{{- end }}
 {{- if .Values.staticMembership.enabled }}
 - name: DEDUCTOR_KAFKA_GROUP_INSTANCE_ID
   valueFrom:

@@ -11,6 +11,7 @@
 //! - `redis_tls`: a private Redis (TLS or not) and the service over TLS;
 //! - here: the round trip through the service that each of them runs.
 
+mod hardening;
 mod kafka_sasl;
 mod redis_acl;
 mod redis_tls;

@@ -15,12 +15,20 @@ use deductor::admin::PromoSpec;
 pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
     +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
 
-/// The operators' user for `promo set|show` and `audit`, as documented
-/// (`audit.lua` reads with `HMGET`, `GET`, `EXISTS`, `TYPE`, and lists keys with
-/// `DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`,
+/// The operators' user for `promo set|show|pause|resume|adjust|limit|delete`,
+/// as documented: the promo_* scripts, plain reads and the ledger marker
+/// (`SET`), no `SCAN` (which a key pattern does not confine: it lists every
+/// key name of the database).
+pub(super) const OPERATOR_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping \
+    +info +exists +incr +hset +hdel +del +hgetall +hget +hmget +get +set +type";
+
+/// The readers' user for `promo list|show`, `audit`, `order show` and
+/// `event show`, as documented: `SCAN` and reads, nothing that writes;
+/// `audit` reads each promotion with one read-only script, `audit.lua`
+/// (`DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`,
 /// `COUNTKEYSINSLOT` and `GETKEYSINSLOT` on a Cluster).
-pub(super) const ADMIN_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +exists +incr +hset +hdel +del +hgetall +hget +hmget +get +set +type +scan +dbsize +cluster|keyslot \
+pub(super) const READER_ACL: &str = "resetchannels -@all +ping +info +scan +hgetall +hget \
+    +hmget +get +exists +type +evalsha +eval +script|load +dbsize +cluster|keyslot \
     +cluster|countkeysinslot +cluster|getkeysinslot";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
@@ -49,6 +57,17 @@ pub(super) async fn raw(ledger: &deductor::ledger::Ledger, args: &[&str]) -> Res
         .map_err(|e| e.to_string())
 }
 
+/// A command refused by the ACL, and saying so.
+fn assert_refused<E: std::fmt::Display>(result: Result<(), E>, what: &str) {
+    match result {
+        Ok(()) => panic!("{what} was allowed"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("NOPERM"), "{what}: not read as a refusal: {e}");
+        }
+    }
+}
+
 pub(super) fn assert_noperm(result: Result<(), String>, what: &str) {
     match result {
         Ok(()) => panic!("{what} was allowed"),
@@ -64,7 +83,8 @@ pub(super) async fn least_privilege_redis_user() {
     let tag = format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
     let users = [
         (format!("deductor-test-{tag}"), SERVICE_ACL),
-        (format!("deductor-admin-test-{tag}"), ADMIN_ACL),
+        (format!("deductor-operator-test-{tag}"), OPERATOR_ACL),
+        (format!("deductor-reader-test-{tag}"), READER_ACL),
     ];
     let password = wrong_password();
     for (user, rules) in &users {
@@ -78,6 +98,7 @@ pub(super) async fn least_privilege_redis_user() {
         f.clone(),
         users[0].0.clone(),
         users[1].0.clone(),
+        users[2].0.clone(),
         password,
     ))
     .await;
@@ -91,7 +112,13 @@ pub(super) async fn least_privilege_redis_user() {
     f.cleanup().await;
 }
 
-pub(super) async fn acl_checks(f: Fixture, user: String, admin_user: String, password: String) {
+pub(super) async fn acl_checks(
+    f: Fixture,
+    user: String,
+    admin_user: String,
+    reader_user: String,
+    password: String,
+) {
     use deductor::admin;
     use deductor::ledger::Ledger;
     let as_user =
@@ -151,9 +178,12 @@ pub(super) async fn acl_checks(f: Fixture, user: String, admin_user: String, pas
         refused.is_err(),
         "promo set as the service user: {refused:?}"
     );
+    // A refused SCAN reads as the refusal it is (fred alone reports
+    // "Expected bulk string array from SCAN").
     let refused = deductor::admin::audit::run(&ledger, &[]).await;
-    // (fred turns SCAN's NOPERM into "Expected bulk string array from SCAN".)
-    assert!(refused.is_err(), "audit as the service user: {refused:?}");
+    assert_refused(refused.map(drop), "audit as the service user");
+    let refused = deductor::admin::promo::list(&ledger, None, None).await;
+    assert_refused(refused.map(drop), "promo list as the service user");
     ledger.quit().await;
 
     let admin_ledger = Ledger::connect(&as_user(&admin_user).redis)
@@ -166,14 +196,55 @@ pub(super) async fn acl_checks(f: Fixture, user: String, admin_user: String, pas
         .await
         .unwrap()
         .is_some());
-    deductor::admin::audit::run(&admin_ledger, &[])
+    deductor::admin::promo::set_paused(&admin_ledger, &p, true)
         .await
-        .expect("audit as the admin user");
+        .expect("promo pause as the operators' user");
+    deductor::admin::promo::set_paused(&admin_ledger, &p, false)
+        .await
+        .expect("promo resume as the operators' user");
+    // No SCAN: it would list every key name of the instance (`SCAN 0
+    // MATCH billing:*`), whatever the key pattern.
+    assert_noperm(
+        raw(&admin_ledger, &["SCAN", "0", "MATCH", "other:*"]).await,
+        "SCAN as the operators' user",
+    );
+    let refused = deductor::admin::promo::list(&admin_ledger, None, None).await;
+    assert_refused(refused.map(drop), "promo list as the operators' user");
     assert_noperm(
         raw(&admin_ledger, &["FLUSHALL"]).await,
-        "FLUSHALL as the admin user",
+        "FLUSHALL as the operators' user",
     );
     admin_ledger.quit().await;
+
+    // The readers' user: list and audit, nothing that writes.
+    let reader = Ledger::connect(&as_user(&reader_user).redis)
+        .await
+        .expect("the readers' user connects");
+    let listed = deductor::admin::promo::list(&reader, None, None)
+        .await
+        .expect("promo list as the readers' user");
+    assert!(listed.iter().any(|l| l.promotion_id == p), "{listed:?}");
+    deductor::admin::audit::run(&reader, &[])
+        .await
+        .expect("audit as the readers' user");
+    assert!(admin::promo_show(&reader, &p).await.unwrap().is_some());
+    let refused = deductor::admin::promo::set_paused(&reader, &p, true).await;
+    assert_refused(refused.map(drop), "promo pause as the readers' user");
+    assert_noperm(
+        raw(&reader, &["DEL", &used]).await,
+        "DEL as the readers' user",
+    );
+    // It runs audit.lua, a read-only script; a script that writes is
+    // refused, as Redis checks each command a script runs.
+    assert_noperm(
+        raw(
+            &reader,
+            &["EVAL", "return redis.call('DEL', KEYS[1])", "1", &used],
+        )
+        .await,
+        "a writing script as the readers' user",
+    );
+    reader.quit().await;
 
     // `deductor check` as the service user: passes, password not shown.
     let env = f.env(&[("redis.username", &user), ("redis.password", &password)]);
