@@ -287,7 +287,7 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
     let mut items = Vec::with_capacity(ids.len());
     for p in &ids {
         let r = crate::admin::audit::audit_one(ledger, p).await?;
-        clean &= r.breaches.is_empty();
+        clean &= r.breaches.is_empty() && r.unsettled.is_empty();
         items.push(serde_json::json!({
             "promotion_id": r.promotion,
             "exists": r.exists,
@@ -303,6 +303,7 @@ async fn audit_json(ledger: &Ledger, ids: &[Id]) -> anyhow::Result<bool> {
             "customers": r.customers,
             "max_used": r.max_used,
             "breaches": r.breaches,
+            "unsettled": r.unsettled,
         }));
     }
     print_json(&serde_json::json!({
