@@ -17,8 +17,8 @@
 -- ARGV[4..]        mode "keys": keys of P
 --
 -- Reply: {"ok", promotion, records, counters}
---   promotion  {type, fields...}: type "hash" with its flat HGETALL, "none" when absent,
---              or another TYPE (corrupt)
+--   promotion  {type, fields...}: type "hash" with the fields of FIELDS it holds as flat
+--              pairs (HMGET), "none" when absent, or another TYPE (corrupt)
 --   records    {key, type, fields...} for each promo:{P}:order:O listed
 --   counters   {key, type, value} for each promo:{P}:used:C listed, and for the
 --              counter of every customer a listed record names (read at the same instant)

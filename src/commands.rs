@@ -314,7 +314,7 @@ async fn audit_json(
     let mut items = Vec::with_capacity(ids.len());
     for p in &ids {
         let r = crate::admin::audit::audit_one(ledger, p).await?;
-        clean &= r.breaches.is_empty();
+        clean &= r.breaches.is_empty() && r.unsettled.is_empty();
         items.push(serde_json::json!({
             "promotion_id": r.promotion,
             "exists": r.exists,
@@ -330,6 +330,7 @@ async fn audit_json(
             "customers": r.customers,
             "max_used": r.max_used,
             "breaches": r.breaches,
+            "unsettled": r.unsettled,
         }));
     }
     let lost = matches!(dataset, crate::admin::dataset::Dataset::Lost { .. });

@@ -174,9 +174,14 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     let mut config = consumer_config(k);
     // No statistics: the default context would print them every interval.
     config.set("statistics.interval.ms", "0");
-    let consumer: BaseConsumer = config
-        .create()
-        .map_err(|e| failed(e.to_string(), Some(&e)))?;
+    // The commands build run's clients before this (kafka::build_clients);
+    // should librdkafka still refuse, its text goes out without secrets.
+    let consumer: BaseConsumer = config.create().map_err(|e| {
+        failed(
+            crate::kafka::client_error(k, "consumer", &e).to_string(),
+            Some(&e),
+        )
+    })?;
     let md = consumer
         .fetch_metadata(None, Duration::from_secs(10))
         .map_err(|e| {

@@ -109,7 +109,7 @@ async fn audit_calls_corrupt_exactly_what_the_scripts_call_corrupt() {
         r.seed(p, &[(field, v)]).await;
         let o = admin(&r, &["audit", p]).await;
         assert_exit(&o, 1, &format!("audit of {field}={v}"));
-        assert!(stdout(&o).contains(&format!("corrupt")), "{}", stdout(&o));
+        assert!(stdout(&o).contains("corrupt"), "{}", stdout(&o));
         r.seed(p, &[(field, "5")]).await;
         assert_exit(&admin(&r, &["audit", p]).await, 0, "after the repair");
     }

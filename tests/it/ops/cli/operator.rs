@@ -284,10 +284,14 @@ async fn secrets_never_print() {
                 );
             }
         };
-        for cmd in &commands {
+        // The commands of one shape at once (each waits on its own timeouts).
+        let runs = commands.iter().map(|cmd| {
             let args: Vec<&str> = sets.iter().copied().chain(cmd.iter().copied()).collect();
-            let (o, _) = run_for(&e, &args, 20, None).await;
-            assert_clean(&o, "", &cmd.join(" "));
+            let e = &e;
+            async move { (cmd.join(" "), run_for(e, &args, 20, None).await.0) }
+        });
+        for (cmd, o) in futures::future::join_all(runs).await {
+            assert_clean(&o, "", &cmd);
         }
         let listen = format!("127.0.0.1:{}", free_port());
         let mut with_http = e.clone();
