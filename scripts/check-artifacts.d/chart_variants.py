@@ -119,7 +119,7 @@ def redis_cli(hostport, *args):
 
 
 for topology in ("single", "cluster", "sentinel"):
-    if not up[topology]:
+    if not up[topology] or not shutil.which("redis-cli"):
         continue
     for node in redis_ports(topology):
         r = redis_cli(node, "ACL", "SETUSER", ACL_USER, "reset", "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all")
