@@ -12,7 +12,8 @@
 #     and Cluster nodes, the OTLP endpoint);
 #   - asserts the pod uses only the Secret keys the config needs (the
 #     sentinels' password only with Sentinel, the Kafka SASL password only
-#     with SASL) and that exactly_once pods get ids of their own;
+#     with SASL), that exactly_once pods get ids of their own, and that the
+#     HTTP endpoints listen on the pod IP (httpListen);
 #   - starts the pod's container as the kubelet would, without Kubernetes:
 #     the ConfigMap and the Secret files mounted into a directory, the env
 #     resolved (secretKeyRef, fieldRef, $(VAR)), a missing Secret key failing
@@ -118,7 +119,7 @@ def redis_cli(hostport, *args):
 
 
 for topology in ("single", "cluster", "sentinel"):
-    if not up[topology]:
+    if not up[topology] or not shutil.which("redis-cli"):
         continue
     for node in redis_ports(topology):
         r = redis_cli(node, "ACL", "SETUSER", ACL_USER, "reset", "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all")
@@ -187,6 +188,8 @@ def variant_values(redis, kafka, secret, index):
     if index % 3 == 1:
         v = merge(v, {"config": {"tracing": {"otlp_endpoint": "http://otel-collector.monitoring:4318"}},
                       "networkPolicy": {"otlp": {"peers": [{"namespaceSelector": {}}]}}})
+    if index % 5 == 2:
+        v = merge(v, {"httpListen": "all"})
     if secret == "none" and sasl:
         # No chart Secret: the SASL password from the operator's own Secret
         # through extraEnv (docs: secret properties in extraEnv).
@@ -287,6 +290,15 @@ def check_secret_use(name, container, volumes, cfg, secret):
                 problem(name, "the Kafka SASL password is mounted without SASL")
 
 
+def check_listen(name, env, cfg, values):
+    """The HTTP endpoints listen on the pod's IP unless httpListen is all."""
+    port = values.get("httpPort", 9464)
+    listen = env.get("DEDUCTOR_HTTP_LISTEN", cfg.get("http", {}).get("listen"))
+    want = f"0.0.0.0:{port}" if values.get("httpListen") == "all" else f"127.0.0.1:{port}"
+    if listen != want:
+        problem(name, f"http.listen is {listen!r} in the pod (pod IP 127.0.0.1), want {want!r}")
+
+
 def check_transactional_ids(name, container, cfg, values):
     if cfg["kafka"].get("delivery") != "exactly_once":
         return
@@ -316,7 +328,8 @@ def resolve_env(container, pod_name, store, mounts):
         else:
             src = e["valueFrom"]
             if "fieldRef" in src:
-                value = {"metadata.name": pod_name, "metadata.namespace": "promotions"}[src["fieldRef"]["fieldPath"]]
+                value = {"metadata.name": pod_name, "metadata.namespace": "promotions",
+                         "status.podIP": "127.0.0.1"}[src["fieldRef"]["fieldPath"]]
             elif "secretKeyRef" in src:
                 ref = src["secretKeyRef"]
                 if ref["key"] not in store.get(ref["name"], {}):
@@ -418,6 +431,7 @@ for i, (redis, kafka, secret) in enumerate(itertools.product(REDIS, KAFKA, SECRE
         continue
     check_secret_use(name, container, volumes, cfg, secret)
     check_transactional_ids(name, container, cfg, values)
+    check_listen(name, env, cfg, values)
     topology = "sentinel" if redis == "sentinel" else redis
     server_kafka = {"plain": "kafka", "sasl": "kafka-sasl", "sasl-tls": "kafka-sasl-tls"}[kafka]
     if binary and topology in servers and up.get(topology) and up.get(server_kafka) and (kafka != "sasl-tls" or kafka_ca):

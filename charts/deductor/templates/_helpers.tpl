@@ -128,7 +128,9 @@ nothing is committed before it is done, but replays work and rebalances late).
 {{- end }}
 
 {{/*
-config.toml from .Values.config, plus the keys the chart owns (http.listen).
+config.toml from .Values.config, plus the keys the chart owns (http.listen:
+every interface here; with httpListen podIP/podIPv6, DEDUCTOR_HTTP_LISTEN
+overrides it with the pod's address).
 Values arrive from YAML as float64, so integral numbers are printed as
 integers; librdkafka properties are always strings.
 */}}
@@ -282,6 +284,15 @@ otlp: {{ $otlp | toJson }}
 {{- define "deductor.env" -}}
 - name: DEDUCTOR_CONFIG
   value: /etc/deductor/config.toml
+{{- if ne .Values.httpListen "all" }}
+# The HTTP endpoints on the pod's own address (httpListen), not 0.0.0.0.
+- name: DEDUCTOR_POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: DEDUCTOR_HTTP_LISTEN
+  value: {{ printf (ternary "[$(DEDUCTOR_POD_IP)]:%d" "$(DEDUCTOR_POD_IP):%d" (eq .Values.httpListen "podIPv6")) (int64 .Values.httpPort) | quote }}
+{{- end }}
 {{- $kafka := default dict .Values.config.kafka }}
 {{- if eq (toString $kafka.delivery) "exactly_once" }}
 {{- $keda := .Values.autoscaling.keda }}
@@ -299,16 +310,6 @@ otlp: {{ $otlp | toJson }}
 - name: DEDUCTOR_KAFKA_TRANSACTIONAL_ID
   value: {{ printf "%s-$(DEDUCTOR_POD_NAME)" (default "deductor" $kafka.group_id) | quote }}
 {{- end }}
-{{- end }}
-{{- if .Values.httpListenOnPodIP }}
-{{- /* /metrics, /healthz and /readyz on the pod IP only (what the
-kubelet and the scraper use), not on every interface of the pod. */}}
-- name: DEDUCTOR_POD_IP
-  valueFrom:
-    fieldRef:
-      fieldPath: status.podIP
-- name: DEDUCTOR_HTTP_LISTEN
-  value: {{ printf "$(DEDUCTOR_POD_IP):%d" (int64 .Values.httpPort) | quote }}
 {{- end }}
 {{- if .Values.staticMembership.enabled }}
 - name: DEDUCTOR_KAFKA_GROUP_INSTANCE_ID

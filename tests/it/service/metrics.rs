@@ -415,3 +415,22 @@ async fn revoked_partition_lag_reads_zero_on_the_old_owner() {
     ledger.quit().await;
     f.cleanup().await;
 }
+
+/// The HTTP server starts first, so an http.listen that cannot be bound
+/// stops `run` at once with the address in its error, instead of a service
+/// that runs without its probes (which the kubelet would then restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_when_http_listen_cannot_be_bound() {
+    let f = Fixture::new("listen-taken", 1).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut child = service::spawn(&f.env(&[("http.listen", addr.as_str())]), &["run"]);
+    let status = child
+        .wait(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("still running; log:\n{}", child.log_tail(30)));
+    assert!(!status.success(), "exit status {status}");
+    let log = child.log_tail(30);
+    assert!(log.contains(&format!("http.listen {addr}")), "{log}");
+    drop(taken);
+    f.cleanup().await;
+}
