@@ -248,6 +248,8 @@ pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
         return Ok(false);
     }
     uncommitted(&consumer, k, &partitions).map(|u| !u.all)
+}
+
 /// Why the metadata request of `client` failed, from the error event that
 /// came with it (`cause`), and its exit code: a refused login or TLS
 /// handshake is the configuration's to fix (2), anything else is taken as

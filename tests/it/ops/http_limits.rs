@@ -44,7 +44,6 @@ impl Server {
             http,
             metrics,
             Arc::new(Status::default()),
-            None,
             stop.clone(),
         ));
         Server { addr, stop, task }
