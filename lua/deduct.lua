@@ -94,7 +94,8 @@ local function main()
   -- event; the project's change to step 2, see docs/contract.md); any other reverted
   -- record (refund tombstone, another event) rejects. When a new event of the order
   -- is absorbed into another event's record, that is remembered under its memo (TTL
-  -- record_ttl), and the first such event is noted in the record (`absorbed`): if the
+  -- record_ttl), and the first such event is noted in the record (`absorbed`; any
+  -- further one as a field `absorbed:<E>`): if the
   -- record's own event is then rejected on another line (a zombie delivery of a
   -- multi-line order), release.lua hands the deduction over to the absorbed event
   -- instead of giving it back, so an accepted event never ends up holding nothing.
@@ -105,6 +106,15 @@ local function main()
       redis.call('SET', k_memo, ABSORBED, 'EX', record_ttl)
       if rec.state == 'deducted' and rec.absorbed == nil then
         redis.call('HSET', k_record, 'absorbed', event)
+      elseif rec.state == 'deducted' and rec.absorbed ~= event and rec.fields['absorbed:' .. event] == nil then
+        -- Every absorbed event is noted, numbered in the order they come, so that
+        -- a chain (the first one released, then the record's own event) still
+        -- hands the record on.
+        local last = 0
+        for f, v in pairs(rec.fields) do
+          if string.sub(f, 1, 9) == 'absorbed:' and tonumber(v) > last then last = tonumber(v) end
+        end
+        redis.call('HSET', k_record, 'absorbed:' .. event, int(last + 1))
       end
     end
     local p = lenient(read_promotion, k_promo)

@@ -117,6 +117,9 @@ end
 --   counted   "1" when the deduction took a per-customer slot (used += 1), "0" when not
 --   gen       the promotion's incarnation when deducted (absent: it had none)
 --   absorbed  the first other event of the order that deduct step 1 absorbed into it
+--   absorbed:E  for each further event E absorbed while `absorbed` named another: the
+--             order it came in (1, 2, ...); the first of them takes the place of
+--             `absorbed` when that one is released or handed the record
 --   refund:E  the result of refund event E on this line: "applied <b> <s>" | "rejected <reason>"
 -- r.fields keeps the raw hash (for the refund results).
 local function read_record(key)
@@ -135,10 +138,28 @@ local function read_record(key)
   if r.customer ~= nil and not event_id(r.customer) then corrupt(key, 'customer', r.customer) end
   if r.absorbed ~= nil and not event_id(r.absorbed) then corrupt(key, 'absorbed', r.absorbed) end
   if h.counted ~= nil and h.counted ~= '0' and h.counted ~= '1' then corrupt(key, 'counted', h.counted) end
+  for f in pairs(h) do
+    if string.sub(f, 1, 9) == 'absorbed:' and not (event_id(string.sub(f, 10)) and canonical(h[f])) then
+      corrupt(key, f, h[f])
+    end
+  end
   if r.gen ~= nil and not canonical(r.gen) then corrupt(key, 'gen', r.gen) end
   -- nil: a record written before the field existed (its slot is given back as before).
   if h.counted ~= nil then r.counted = h.counted == '1' end
   return r
+end
+
+-- The further absorbed events of a record (its `absorbed:E` fields), in the order
+-- they came (the fields' numbers; read_record validated them).
+local function further_absorbed(rec)
+  local list = {}
+  for f, v in pairs(rec.fields) do
+    if string.sub(f, 1, 9) == 'absorbed:' then list[#list + 1] = { e = string.sub(f, 10), n = tonumber(v) } end
+  end
+  table.sort(list, function(a, b) return a.n < b.n end)
+  local out = {}
+  for i, x in ipairs(list) do out[i] = x.e end
+  return out
 end
 
 -- Whether the record was deducted from the promotion's current incarnation: a

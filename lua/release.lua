@@ -9,7 +9,9 @@
 -- ARGV[1] event_id         E: only a record that E deducted is released
 -- ARGV[2] refund_ttl_secs  TTL of the mark
 -- ARGV[3] customer_id      C: the used counter is only touched when the record
---                          counted for C (or is an older record without a customer)
+--                          counted for C (or is an older record without a customer);
+--                          a record E deducted that counted another customer's slot
+--                          (E holds it after a hand-over) is answered {-1, customer}
 --
 -- The memo of this line is set to "released" where it is absent or "accepted" (never
 -- over a reason), in the same atomic step. A slower second delivery of E that reaches
@@ -24,9 +26,16 @@
 --      results, kept as a reverted tombstone (nothing outstanding) so that those refunds
 --      still repeat their results.
 --   0  nothing was given back: no record of E (when E was only absorbed into another
---      event's record, its note `absorbed` = E is removed), or another event of the order was
+--      event's record, its note `absorbed` = E or `absorbed:E` is removed, and the first
+--      `absorbed:<E2>` takes the place of `absorbed`), or another event of the order was
 --      absorbed into the record (deduct.lua step 1) and answered accepted, so the
---      deduction is handed over to that event (`event` := absorbed) and stays held.
+--      deduction is handed over to that event (`event` := absorbed, else the first
+--      `absorbed:<E2>`; the next further one becomes `absorbed`) and stays held.
+--
+--  {-1, customer}  nothing written: the record is E's, counted a per-customer slot,
+--      and names another customer than C (a deduction handed over to E from an event
+--      of another customer); call again with that customer as C (and its used key
+--      as the second key), so that the slot goes back to the customer it counted for.
 --
 -- Error replies: "BADARG <what>", "CORRUPT <key> <field>: <value>" (nothing written).
 -- Every argument and every stored value is validated before the first write.
@@ -52,15 +61,43 @@ local function main()
   end
 
   local released = 0
-  if rec and rec.absorbed == event then
-    -- E was absorbed into another event's record and is now rejected: it holds nothing.
-    redis.call('HDEL', k_record, 'absorbed')
+  if rec and rec.state == 'deducted' and rec.event == event and not rec.absorbed
+    and #further_absorbed(rec) == 0 and rec.counted ~= false
+    and rec.customer ~= nil and rec.customer ~= customer then
+    return { -1, rec.customer }
   end
-  if rec and rec.state == 'deducted' and rec.event == event then
-    if rec.absorbed then
-      redis.call('HSET', k_record, 'event', rec.absorbed)
-      redis.call('HDEL', k_record, 'absorbed')
-    else
+  -- The record's absorbed events after this release: E is no longer one (it is
+  -- rejected: it holds nothing); when E owns the record and another event was
+  -- absorbed into it (deduct.lua step 1, answered accepted), the deduction is
+  -- handed over to the noted one, else the first further one; then the first
+  -- further one fills an empty note.
+  local heir
+  if rec then
+    local noted, more = rec.absorbed, further_absorbed(rec)
+    for i = #more, 1, -1 do
+      if more[i] == event then table.remove(more, i) end
+    end
+    if noted == event then noted = nil end
+    if rec.state == 'deducted' and rec.event == event then
+      if noted ~= nil then
+        heir, noted = noted, nil
+      else
+        heir = table.remove(more, 1)
+      end
+    end
+    if noted == nil then noted = table.remove(more, 1) end
+    if heir then redis.call('HSET', k_record, 'event', heir) end
+    if noted ~= rec.absorbed then
+      if noted then redis.call('HSET', k_record, 'absorbed', noted) else redis.call('HDEL', k_record, 'absorbed') end
+    end
+    local kept = {}
+    for _, e in ipairs(more) do kept[e] = true end
+    for f in pairs(rec.fields) do
+      if string.sub(f, 1, 9) == 'absorbed:' and not kept[string.sub(f, 10)] then redis.call('HDEL', k_record, f) end
+    end
+  end
+  if rec and rec.state == 'deducted' and rec.event == event and not heir then
+    do
       if same_incarnation(promo, rec) then
         credit(k_promo, promo, 'budget', rec.budget)
         credit(k_promo, promo, 'stock', rec.stock)

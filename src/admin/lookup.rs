@@ -85,6 +85,20 @@ impl Record {
         }
     }
 
+    /// The further events absorbed into the record (`absorbed:<E>` fields),
+    /// in the order they came.
+    pub fn further_absorbed(&self) -> Vec<String> {
+        let mut v: Vec<(u64, &str)> = self
+            .fields
+            .iter()
+            .filter_map(|(k, n)| {
+                Some((n.parse().unwrap_or(u64::MAX), k.strip_prefix("absorbed:")?))
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, e)| e.to_owned()).collect()
+    }
+
     /// Refund results stored in the record (`refund:<E>` fields).
     pub fn refunds(&self) -> Vec<RefundResult> {
         self.fields
@@ -127,6 +141,7 @@ impl Record {
             "counted": self.get("counted").map(|c| c == "1"),
             "gen": self.amount("gen"),
             "absorbed": self.get("absorbed"),
+            "absorbed_further": self.further_absorbed(),
             "budget": self.amount("budget"),
             "stock": self.amount("stock"),
             "budget0": self.amount("budget0"),
@@ -205,6 +220,9 @@ impl Record {
                 s,
                 "    event {a} (a second placement of this order) was absorbed into it: accepted as a duplicate"
             );
+        }
+        for a in self.further_absorbed() {
+            let _ = writeln!(s, "    event {a} was absorbed into it too");
         }
         for r in self.refunds() {
             let _ = writeln!(s, "    {}", r.words());
@@ -329,7 +347,9 @@ impl EventView {
         for r in &self.records {
             let role = if r.get("event") == Some(e.as_str()) {
                 "deducted order"
-            } else if r.get("absorbed") == Some(e.as_str()) {
+            } else if r.get("absorbed") == Some(e.as_str())
+                || r.fields.contains_key(&format!("absorbed:{e}"))
+            {
                 "was absorbed into order"
             } else {
                 "refunded order"
@@ -444,6 +464,7 @@ pub async fn event_show(ledger: &Ledger, e: &Id, p: Option<&Id>) -> Result<Event
         };
         let mine = r.get("event") == Some(e.as_str())
             || r.get("absorbed") == Some(e.as_str())
+            || r.fields.contains_key(&format!("absorbed:{e}"))
             || r.fields.contains_key(&refund_field);
         if mine {
             view.records.push(r);

@@ -67,15 +67,15 @@ pub fn deduct_batch(lines: Vec<Call>) -> Call {
 }
 
 /// `release.lua`: undo what event `h` deducted on `line`, and mark the line.
-pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
-    let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
+pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, customer: &Id) -> Call {
+    let k = keys.deduct_line(&line.promotion_id, &h.order_id, customer, &h.event_id);
     call(
         &scripts::RELEASE,
         k.into_vec(),
         vec![
             h.event_id.to_string(),
             ttl.refund.clone(),
-            h.customer_id.to_string(),
+            customer.to_string(),
         ],
     )
 }
@@ -320,7 +320,13 @@ mod tests {
 
     #[test]
     fn release_follows_its_header() {
-        let c = release(&Keys::default(), &ttl(), &h(), &place_line());
+        let c = release(
+            &Keys::default(),
+            &ttl(),
+            &h(),
+            &place_line(),
+            &h().customer_id,
+        );
         assert_eq!(c.args.len(), 3);
         check(
             &c,

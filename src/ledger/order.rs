@@ -5,7 +5,7 @@
 //! own, to the customer its deduction counted for.
 
 use super::calls;
-use super::reply::{self, LineReply, LineStatus, RollbackReply};
+use super::reply::{self, LineReply, LineStatus, ReleaseReply, RollbackReply};
 use super::{scripts, Ledger, LedgerError};
 use crate::domain::decision::{
     AcceptedLine, PlaceDecision, Reason, RefundDecision, RefundLineResult, Remaining,
@@ -383,12 +383,31 @@ impl Ledger {
     }
 
     /// release.lua for one line: whether it gave a deduction of the event back.
+    ///
+    /// A record the event holds may have counted another customer's slot:
+    /// a deduction handed over to this event from an absorbed one of
+    /// another customer (issue 23's paper case). release.lua then writes
+    /// nothing and names that customer, and the line is released again
+    /// with that customer's counter, so the slot goes back to whom it
+    /// counted for (before, it was never given back).
     async fn release_one(&self, h: &Header, line: &PlaceLine) -> Result<bool, LedgerError> {
-        let call = calls::release(self.keys(), &self.shared.ttl, h, line);
-        let reply = self
-            .run(call, Some(&h.order_id), &line.promotion_id)
-            .await?;
-        reply::decode_release(reply)
+        let mut customer = h.customer_id.clone();
+        // One switch is expected; a record changing hands again meanwhile
+        // (a racing delivery) gets one more try.
+        for _ in 0..3 {
+            let call = calls::release(self.keys(), &self.shared.ttl, h, line, &customer);
+            let reply = self
+                .run(call, Some(&h.order_id), &line.promotion_id)
+                .await?;
+            match reply::decode_release(reply)? {
+                ReleaseReply::Released(released) => return Ok(released),
+                ReleaseReply::Customer(stored) => customer = stored,
+            }
+        }
+        Err(LedgerError::malformed(
+            scripts::RELEASE.name,
+            "the record's customer kept changing",
+        ))
     }
 }
 

@@ -161,18 +161,32 @@ pub fn decode_rollback(reply: Value) -> Result<RollbackReply, LedgerError> {
 }
 
 /// Decodes `release.lua`'s `{released}`.
-pub fn decode_release(reply: Value) -> Result<bool, LedgerError> {
+/// `release.lua`'s reply: whether a deduction was given back, or the
+/// customer whose slot the record counted when the call named another one
+/// (nothing written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseReply {
+    Released(bool),
+    Customer(Id),
+}
+
+pub fn decode_release(reply: Value) -> Result<ReleaseReply, LedgerError> {
     match &reply {
         Value::Array(items) if items.len() == 1 => match integer(&items[0]) {
-            Some(0) => return Ok(false),
-            Some(1) => return Ok(true),
+            Some(0) => return Ok(ReleaseReply::Released(false)),
+            Some(1) => return Ok(ReleaseReply::Released(true)),
             _ => {}
         },
+        Value::Array(items) if items.len() == 2 && integer(&items[0]) == Some(-1) => {
+            if let Some(c) = text(&items[1]).and_then(|c| Id::parse(&c).ok()) {
+                return Ok(ReleaseReply::Customer(c));
+            }
+        }
         _ => {}
     }
     Err(LedgerError::malformed(
         RELEASE.name,
-        format!("expected {{0|1}}, got {reply:?}"),
+        format!("expected {{0|1}} or {{-1, customer}}, got {reply:?}"),
     ))
 }
 
@@ -555,8 +569,19 @@ mod tests {
 
     #[test]
     fn decodes_release_and_memo() {
-        assert!(decode_release(Value::Array(vec![i(1)])).unwrap());
-        assert!(!decode_release(Value::Array(vec![i(0)])).unwrap());
+        assert_eq!(
+            decode_release(Value::Array(vec![i(1)])).unwrap(),
+            ReleaseReply::Released(true)
+        );
+        assert_eq!(
+            decode_release(Value::Array(vec![i(0)])).unwrap(),
+            ReleaseReply::Released(false)
+        );
+        assert_eq!(
+            decode_release(Value::Array(vec![i(-1), s("c7")])).unwrap(),
+            ReleaseReply::Customer(Id::parse("c7").unwrap())
+        );
+        assert!(decode_release(Value::Array(vec![i(-1), s("a:b")])).is_err());
         assert!(decode_release(i(1)).is_err());
         assert_eq!(decode_memo(s("")).unwrap(), None);
         assert_eq!(

@@ -679,3 +679,101 @@ async fn a_corrupt_record_met_on_redelivery_releases_the_later_lines_too_batched
     })
     .await;
 }
+
+/// Issue 23, paper case (b): a deduction handed over to an absorbed event
+/// of another customer. A zombie delivery of E1 (customer c1) deducts
+/// line P of order o1, taking c1's one slot; a zombie delivery of E2
+/// (customer c2, same order) is absorbed into that record. E1 then
+/// finishes, rejected on line X: its release hands P's deduction over to
+/// E2. E2 finishes, rejected on X too: its release gives the deduction
+/// back, and c1's slot, which the record counted, must go back with it.
+/// Before the fix it never did (the release named c2, whose counter the
+/// record never took): c1 stayed at its limit holding nothing.
+#[tokio::test]
+async fn a_hand_over_to_another_customer_gives_the_first_customers_slot_back() {
+    let r = standalone().await;
+    admin::promo_set(&r.ledger, &id("P"), spec(None, Some(10), Some(1)), false)
+        .await
+        .unwrap();
+    admin::promo_set(&r.ledger, &id("X"), spec(None, Some(0), None), false)
+        .await
+        .unwrap();
+    r.zombie_deduct("P", "o1", "c1", "E1", T, 0, 1).await;
+    r.zombie_deduct("P", "o1", "c2", "E2", T, 0, 1).await;
+    let used = |c: &str| r.keys().used(&id("P"), &id(c));
+    assert_eq!(r.get(&used("c1")).await.as_deref(), Some("1"));
+    let record = r.keys().record(&id("P"), &id("o1"));
+    assert_eq!(
+        r.hgetall(&record).await.get("absorbed").map(String::as_str),
+        Some("E2")
+    );
+
+    let e1 = placed("E1", "o1", "c1", T, &[("P", 0, 1), ("X", 0, 1)]);
+    let d = r.ledger.place(&e1).await.unwrap();
+    assert_eq!(rejected(&d), (false, Reason::StockInsufficient, "X".into()));
+    assert_eq!(
+        r.hgetall(&record).await.get("event").map(String::as_str),
+        Some("E2")
+    );
+    let e2 = placed("E2", "o1", "c2", T, &[("P", 0, 1), ("X", 0, 1)]);
+    let d = r.ledger.place(&e2).await.unwrap();
+    assert_eq!(rejected(&d).1, Reason::StockInsufficient);
+
+    assert!(r.hgetall(&record).await.is_empty(), "nothing held");
+    assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("10"));
+    assert_eq!(
+        r.get(&used("c1")).await.as_deref(),
+        Some("0"),
+        "c1's slot is given back"
+    );
+    assert_eq!(r.get(&used("c2")).await, None, "c2 never had a slot");
+    audit_clean(&r, "P").await;
+    // c1 can order P again.
+    accept(&r, "E3", "o2", "c1", T, &[("P", 0, 1)]).await;
+}
+
+/// Issue 23, paper case (a): a chain of absorbed events. Zombie deliveries
+/// of E1 (deducts line P of order o1) and E2 (absorbed into E1's record,
+/// noted as `absorbed`); then E3 of the same order, single-line, is
+/// absorbed too (not noted: `absorbed` keeps the first) and accepted. E2
+/// and then E1 finish, both rejected on line X. E3's acceptance must keep
+/// a deduction: the record is handed over to E3, never given back.
+#[tokio::test]
+async fn a_chain_of_absorbed_events_keeps_the_accepted_ones_deduction() {
+    let r = standalone().await;
+    admin::promo_set(&r.ledger, &id("P"), spec(None, Some(10), None), false)
+        .await
+        .unwrap();
+    admin::promo_set(&r.ledger, &id("X"), spec(None, Some(0), None), false)
+        .await
+        .unwrap();
+    r.zombie_deduct("P", "o1", "c1", "E1", T, 0, 1).await;
+    r.zombie_deduct("P", "o1", "c1", "E2", T, 0, 1).await;
+    accept(&r, "E3", "o1", "c1", T, &[("P", 0, 1)]).await;
+    for e in ["E2", "E1"] {
+        let d = r
+            .ledger
+            .place(&placed(e, "o1", "c1", T, &[("P", 0, 1), ("X", 0, 1)]))
+            .await
+            .unwrap();
+        assert_eq!(rejected(&d).1, Reason::StockInsufficient, "{e}");
+    }
+    let record = r.hgetall(&r.keys().record(&id("P"), &id("o1"))).await;
+    assert_eq!(
+        record.get("event").map(String::as_str),
+        Some("E3"),
+        "the accepted E3 holds the deduction: {record:?}"
+    );
+    assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("9"));
+    audit_clean(&r, "P").await;
+    // E3 redelivered answers as first, with the record's amounts.
+    let d = r
+        .ledger
+        .place(&placed("E3", "o1", "c1", T, &[("P", 0, 1)]))
+        .await
+        .unwrap();
+    match d {
+        PlaceDecision::Accepted { lines, .. } => assert_eq!(lines[0].stock, 1),
+        other => panic!("{other:?}"),
+    }
+}

@@ -28,6 +28,10 @@ pub(super) enum Action {
     Reseed(usize, bool),
     /// Promotion 1's hash gets a corrupt field (true) or is repaired (false).
     Corrupt(bool),
+    /// The record of an order on promotion 0 gets a corrupt field (true:
+    /// `counted 7`, issue 23's defect 6) or is repaired (false); met by
+    /// redeliveries of multi-line orders, refunds and releases.
+    CorruptRecord(usize, bool),
     /// A delivery that dies after deducting the first `upto` lines of a new
     /// placement (a zombie, or a consumer killed mid-event); the event is
     /// delivered whole later by `Finish`.
@@ -97,6 +101,7 @@ pub(super) fn action() -> impl Strategy<Value = Action> {
         1 => limit,
         1 => (0..3usize, any::<bool>()).prop_map(|(p, recreate)| Action::Reseed(p, recreate)),
         1 => any::<bool>().prop_map(Action::Corrupt),
+        1 => (0..ORDERS, prop::bool::weighted(0.6)).prop_map(|(o, on)| Action::CorruptRecord(o, on)),
         1 => zombie,
         1 => any::<prop::sample::Index>().prop_map(Action::Finish),
     ]

@@ -61,9 +61,18 @@ pub(super) struct Rec {
     pub(super) counted: Option<bool>,
     pub(super) gen: Option<String>,
     pub(super) absorbed: Option<String>,
+    /// Further absorbed events (`absorbed:<E>` fields) with their numbers,
+    /// in the order they came.
+    pub(super) more: Vec<(String, u64)>,
     /// refund event -> stored result.
     pub(super) refunds: BTreeMap<String, String>,
+    /// A field is corrupt (`counted` reads [`CORRUPT_COUNTED`]): every
+    /// script that reads the record refuses it.
+    pub(super) corrupt: bool,
 }
+
+/// The value of `counted` in a corrupt record (the CorruptRecord action).
+pub(super) const CORRUPT_COUNTED: &str = "7";
 
 impl Rec {
     pub(super) fn tombstone() -> Rec {
@@ -78,7 +87,9 @@ impl Rec {
             counted: None,
             gen: None,
             absorbed: None,
+            more: Default::default(),
             refunds: BTreeMap::new(),
+            corrupt: false,
         }
     }
 }
@@ -145,6 +156,15 @@ impl Model {
         self.promos.get(&p).is_some_and(Promo::corrupt)
     }
 
+    pub(super) fn record_corrupt(&self, p: usize, o: usize) -> bool {
+        self.records.get(&(p, o)).is_some_and(|r| r.corrupt)
+    }
+
+    /// Whether any record of order `o` is corrupt now.
+    pub(super) fn order_corrupt(&self, o: usize) -> bool {
+        self.records.iter().any(|((_, x), r)| *x == o && r.corrupt)
+    }
+
     /// What promo_set.lua does: a new incarnation.
     pub(super) fn seeded(&mut self, p: usize, fields: BTreeMap<String, String>) {
         *self.gens.entry(p).or_insert(0) += 1;
@@ -181,13 +201,20 @@ impl Model {
             return line(Err(Reason::OrderReverted), true, 0, 0);
         }
         if self.absorbed.contains(&(p, e.to_owned())) {
-            let rec = self.records.get(&(p, o));
+            // Unreadable (corrupt) counts as gone: the amounts are 0.
+            let rec = self.records.get(&(p, o)).filter(|r| !r.corrupt);
             return line(
                 Ok(()),
                 true,
                 rec.map_or(0, |r| r.budget0),
                 rec.map_or(0, |r| r.stock0),
             );
+        }
+        if self.record_corrupt(p, o) {
+            // Remembered like corrupt promotion data.
+            self.rejected
+                .insert((p, e.to_owned()), Reason::CorruptPromotion);
+            return line(Err(Reason::CorruptPromotion), false, 0, 0);
         }
         // The record decides before the promotion is read.
         if let Some(rec) = self.records.get_mut(&(p, o)) {
@@ -196,6 +223,12 @@ impl Model {
                 if rec.event.as_deref() != Some(e) {
                     if !rec.reverted && rec.absorbed.is_none() {
                         rec.absorbed = Some(e.to_owned());
+                    } else if !rec.reverted
+                        && rec.absorbed.as_deref() != Some(e)
+                        && !rec.more.iter().any(|(x, _)| x == e)
+                    {
+                        let last = rec.more.iter().map(|x| x.1).max().unwrap_or(0);
+                        rec.more.push((e.to_owned(), last + 1));
                     }
                     self.absorbed.insert((p, e.to_owned()));
                 }
@@ -259,7 +292,9 @@ impl Model {
                 counted: Some(counted),
                 gen,
                 absorbed: None,
+                more: Default::default(),
                 refunds: BTreeMap::new(),
+                corrupt: false,
             },
         );
         line(Ok(()), false, b, s)
@@ -270,7 +305,7 @@ impl Model {
     /// (the event is retried once the data is repaired).
     #[must_use]
     pub(super) fn release(&mut self, p: usize, o: usize, c: usize, e: &str) -> bool {
-        if self.corrupt(p) {
+        if self.corrupt(p) || self.record_corrupt(p, o) {
             return false;
         }
         let key = (p, e.to_owned());
@@ -281,17 +316,30 @@ impl Model {
         let Some(rec) = self.records.get_mut(&(p, o)) else {
             return true;
         };
-        let absorbed = rec.absorbed.clone();
-        if absorbed.as_deref() == Some(e) {
+        // E is no longer absorbed (it is rejected); when it owns the record,
+        // the deduction is handed over to the noted absorbed event, else the
+        // first further one (a chain of absorbed events keeps an owner); the
+        // first further one then fills an empty note.
+        rec.more.retain(|(x, _)| x != e);
+        if rec.absorbed.as_deref() == Some(e) {
             rec.absorbed = None;
         }
-        if rec.reverted || rec.event.as_deref() != Some(e) {
+        let owns = !rec.reverted && rec.event.as_deref() == Some(e);
+        let mut heir = None;
+        if owns {
+            heir = rec.absorbed.take();
+            if heir.is_none() && !rec.more.is_empty() {
+                heir = Some(rec.more.remove(0).0);
+            }
+        }
+        if rec.absorbed.is_none() && !rec.more.is_empty() {
+            rec.absorbed = Some(rec.more.remove(0).0);
+        }
+        if let Some(a) = heir {
+            rec.event = Some(a);
             return true;
         }
-        if let Some(a) = absorbed {
-            // Handed over to the event absorbed into it.
-            rec.event = Some(a);
-            rec.absorbed = None;
+        if !owns {
             return true;
         }
         let rec = rec.clone();
@@ -301,9 +349,12 @@ impl Model {
                 pr.credit("stock", rec.stock);
             }
         }
-        let mine = rec.customer.is_none_or(|x| x == c);
-        if mine && rec.counted != Some(false) {
-            if let Some(u) = self.used.get_mut(&(p, c)) {
+        // The slot goes back to the customer it counted for (the ledger
+        // releases again with the record's customer when the event names
+        // another: a hand-over from an absorbed event of another customer).
+        let owner = rec.customer.unwrap_or(c);
+        if rec.counted != Some(false) {
+            if let Some(u) = self.used.get_mut(&(p, owner)) {
                 *u = u.saturating_sub(1);
             }
         }
@@ -454,6 +505,11 @@ impl Model {
         if self.refund_corrupt.contains(&(p, e.to_owned())) {
             return line(Err(Reason::CorruptPromotion), true, 0, 0);
         }
+        if self.record_corrupt(p, o) {
+            // The record is read (for a stored result) before anything else.
+            self.refund_corrupt.insert((p, e.to_owned()));
+            return line(Err(Reason::CorruptPromotion), false, 0, 0);
+        }
         if let Some(stored) = self.records.get(&(p, o)).and_then(|r| r.refunds.get(e)) {
             let parts: Vec<&str> = stored.split(' ').collect();
             return match parts[..] {
@@ -594,8 +650,14 @@ impl Model {
             ] {
                 h.insert(f.into(), v.to_string());
             }
+            for (e, n) in &r.more {
+                h.insert(format!("absorbed:{e}"), n.to_string());
+            }
             for (e, v) in &r.refunds {
                 h.insert(format!("refund:{e}"), v.clone());
+            }
+            if r.corrupt {
+                h.insert("counted".into(), CORRUPT_COUNTED.into());
             }
             d.insert(
                 keys.record(&p(*i), &id(&format!("o{o}"))),

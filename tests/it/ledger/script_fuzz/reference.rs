@@ -150,6 +150,13 @@ pub(super) fn deduct(d: &Dump, keys: &[String], args: &[String]) -> Expect {
                 w.set_ex(km, "accepted");
                 if r.deducted && r.absorbed.is_none() {
                     w.hset(kr, &[("absorbed", ev.into())]);
+                } else if r.deducted
+                    && r.absorbed.as_deref() != Some(ev)
+                    && !r.more.iter().any(|e| e == ev)
+                {
+                    let last = r.seq.iter().copied().max().unwrap_or(0);
+                    let f = format!("absorbed:{ev}");
+                    w.hset(kr, &[(f.as_str(), (last + 1).to_string())]);
                 }
             }
             let p = promo(d, kp).ok().flatten();
@@ -356,17 +363,53 @@ pub(super) fn release(d: &Dump, keys: &[String], args: &[String]) -> Expect {
     ) else {
         return Expect::Error("CORRUPT");
     };
+    if let Some(r) = &rec {
+        let other = r.customer.as_deref().is_some_and(|c| c != customer);
+        if r.deducted
+            && r.event.as_deref() == Some(ev)
+            && r.absorbed.is_none()
+            && r.more.is_empty()
+            && r.counted != Some(false)
+            && other
+        {
+            // Nothing written: the caller releases with the record's customer.
+            let c = r.customer.clone().unwrap_or_default();
+            return Expect::Reply(vec![Reply::I(-1), Reply::S(c)], d.clone());
+        }
+    }
     let mut w = Writer(d.clone());
     let mut released = 0;
     if let Some(r) = &rec {
-        if r.absorbed.as_deref() == Some(ev) {
-            w.hdel(kr, "absorbed");
-        }
+        // The absorbed events after the release (see release.lua).
+        let mut more: Vec<String> = r.more.iter().filter(|e| *e != ev).cloned().collect();
+        let mut noted = r.absorbed.clone().filter(|a| a != ev);
+        let mut heir = None;
         if r.deducted && r.event.as_deref() == Some(ev) {
-            if let Some(a) = &r.absorbed {
-                w.hset(kr, &[("event", a.clone())]);
-                w.hdel(kr, "absorbed");
-            } else {
+            heir = match noted.take() {
+                Some(a) => Some(a),
+                None if !more.is_empty() => Some(more.remove(0)),
+                None => None,
+            };
+        }
+        if noted.is_none() && !more.is_empty() {
+            noted = Some(more.remove(0));
+        }
+        if let Some(a) = &heir {
+            w.hset(kr, &[("event", a.clone())]);
+        }
+        if noted != r.absorbed {
+            match &noted {
+                Some(n) => w.hset(kr, &[("absorbed", n.clone())]),
+                None => w.hdel(kr, "absorbed"),
+            }
+        }
+        for e in &r.more {
+            if !more.contains(e) {
+                w.hdel(kr, &format!("absorbed:{e}"));
+            }
+        }
+        if r.deducted && r.event.as_deref() == Some(ev) && heir.is_none() {
+            {
                 credit(&mut w, kp, &p, r, r.budget, r.stock);
                 let mine = r.customer.as_deref().is_none_or(|c| c == customer);
                 if mine && r.counted != Some(false) && u.is_some_and(|x| x > 0) {

@@ -96,6 +96,10 @@ pub(super) struct Record {
     pub(super) counted: Option<bool>,
     pub(super) gen: Option<String>,
     pub(super) absorbed: Option<String>,
+    /// The further absorbed events (`absorbed:<E>` fields), in the order
+    /// of their numbers (`seq`).
+    pub(super) more: Vec<String>,
+    pub(super) seq: Vec<i64>,
     pub(super) fields: BTreeMap<String, String>,
 }
 
@@ -141,7 +145,20 @@ pub(super) fn record(d: &Dump, key: &str) -> Result<Option<Record>, ()> {
     if gen.as_deref().is_some_and(|g| !canonical(g)) {
         return Err(());
     }
+    // The further absorbed events, in the order their numbers give.
+    let mut numbered: Vec<(i64, String)> = Vec::new();
+    for (f, v) in h.iter() {
+        if let Some(e) = f.strip_prefix("absorbed:") {
+            if !valid_event(e) || !canonical(v) {
+                return Err(());
+            }
+            numbered.push((num(v), e.to_owned()));
+        }
+    }
+    numbered.sort();
     Ok(Some(Record {
+        seq: numbered.iter().map(|x| x.0).collect(),
+        more: numbered.into_iter().map(|x| x.1).collect(),
         deducted,
         event,
         budget: n[0],
