@@ -90,14 +90,27 @@ pub async fn stack_exclusive() -> Exclusive {
     }
 }
 
-/// The commit this checkout is at (`git rev-parse HEAD`), or None outside a
-/// git checkout (a tarball: the binary then says `unknown`).
-pub fn git_head() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+/// Checks the commit a binary of this build names (`deductor --version`,
+/// `deductor_build_info`): the one build.rs gave this build, and either
+/// `unknown` outside a git checkout (a tarball) or a commit of this checkout
+/// that HEAD contains (HEAD may have moved on since the build).
+pub fn assert_build_commit(printed: &str) {
+    let built = env!("DEDUCTOR_GIT_COMMIT");
+    assert_eq!(printed, built, "the binary names the commit of its build");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if git(&["rev-parse", "HEAD"]) {
+        assert!(
+            built.len() == 40 && git(&["merge-base", "--is-ancestor", built, "HEAD"]),
+            "{built} is not a commit of this checkout's HEAD"
+        );
+    } else {
+        assert_eq!(built, "unknown", "no git checkout: the commit is unknown");
+    }
 }

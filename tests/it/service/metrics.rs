@@ -175,16 +175,19 @@ async fn live_metrics_parse_and_probes_answer() {
             || metrics.contains(r#"deductor_script_duration_seconds_count{script="deduct"}"#),
         "no deduct script timing:\n{metrics}"
     );
-    // The labels name the version, the commit this checkout is at (build.rs
-    // runs again when HEAD moves) and the build date.
-    let commit = crate::common::git_head().unwrap_or_else(|| "unknown".to_owned());
+    // The labels name the version, the commit of the build and its date.
     let build_info = metrics
         .lines()
         .find(|l| l.starts_with("deductor_build_info{"))
         .unwrap_or_else(|| panic!("no deductor_build_info series:\n{metrics}"));
+    let commit = build_info
+        .split_once(r#"commit=""#)
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(c, _)| c)
+        .unwrap_or_else(|| panic!("no commit label: {build_info}"));
+    crate::common::assert_build_commit(commit);
     assert!(
         build_info.contains(&format!(r#"version="{}""#, env!("CARGO_PKG_VERSION")))
-            && build_info.contains(&format!(r#"commit="{commit}""#))
             && build_info.contains(r#"build_date="20"#)
             && build_info.ends_with("} 1"),
         "{build_info}"
