@@ -229,12 +229,30 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
     Ok(KafkaFacts { topics, offsets })
 }
 
+/// A client context whose librdkafka log lines are rate-limited and whose
+/// errors are left to the caller's result.
+#[derive(Default)]
+struct Quiet(crate::kafka::refusal::LogThrottle);
+
+impl rdkafka::ClientContext for Quiet {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+    fn error(&self, _error: KafkaError, _reason: &str) {}
+}
+
+impl rdkafka::consumer::ConsumerContext for Quiet {}
+
 /// Whether the group has a committed offset on any partition of the input
 /// topic (blocking: librdkafka calls). An error names what could not be read.
 pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
     let mut config = consumer_config(k);
     config.set("statistics.interval.ms", "0");
-    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    // `run` asks this in the background at start: librdkafka's own lines
+    // about a broker that refuses it are rate-limited as the service's are.
+    let consumer: BaseConsumer<Quiet> = config
+        .create_with_context(Quiet::default())
+        .map_err(|e| e.to_string())?;
     let md = consumer
         .fetch_metadata(Some(&k.input_topic), Duration::from_secs(10))
         .map_err(|e| format!("metadata of {} from {}: {e}", k.input_topic, k.brokers))?;
@@ -366,8 +384,8 @@ fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
 
 /// The input partitions the group has no committed offset on, with the
 /// records each holds.
-fn uncommitted(
-    consumer: &BaseConsumer,
+fn uncommitted<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
     k: &KafkaSettings,
     partitions: &[i32],
 ) -> Result<Uncommitted, String> {

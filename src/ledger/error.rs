@@ -126,6 +126,11 @@ pub fn error_code(details: &str) -> &str {
             }
         }
     }
+    // Redis 7.0 refuses a command a script runs for its ACL user with no
+    // code of its own: read it as the refusal it is.
+    if rest.starts_with("The user executing the script can't run this command") {
+        return "NOPERM";
+    }
     match rest.split_whitespace().next() {
         Some(word) if is_code(word) && word != "ERR" => word,
         _ => first,
@@ -366,6 +371,10 @@ mod tests {
             ("TRYAGAIN Multiple keys request", ErrorClass::Busy),
             ("CLUSTERDOWN The cluster is down", ErrorClass::Cluster),
             ("NOPERM this user has no permissions", ErrorClass::Auth),
+            (
+                "ERR The user executing the script can't run this command or subcommand script: 1a2b, on @user_script:3.",
+                ErrorClass::Auth,
+            ),
             ("ERR user_script:1: oops", ErrorClass::Other),
         ] {
             assert_eq!(classify(&reply(details)), class, "{details}");
