@@ -126,6 +126,8 @@ async fn check_and_run_warn_about_every_weakened_setting() {
     // build and `check` gets as far as its warnings.)
     for (k, v) in [
         ("kafka.consumer.sasl.mechanism", "SCRAM-SHA-512"),
+        ("kafka.consumer.sasl.username", "u"),
+        ("kafka.consumer.sasl.password", "p"),
         ("kafka.producer.sasl.mechanism", "PLAIN"),
         ("kafka.producer.sasl.username", "u"),
         ("kafka.producer.sasl.password", "p"),
