@@ -27,6 +27,15 @@ pub fn refused(e: &KafkaError) -> bool {
     )
 }
 
+/// A transport failure whose reason is a refused TLS handshake. librdkafka
+/// reports a failed certificate check sometimes as an `SSL` error and
+/// sometimes only as a broker transport failure, with the handshake's
+/// failure in its reason: the reason is all there is to tell them apart.
+pub fn refused_handshake(e: &KafkaError, reason: &str) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure)
+        && (reason.contains("certificate verify failed") || reason.contains("SSL handshake failed"))
+}
+
 /// Kafka errors that mean the brokers could not be reached (in time).
 pub fn unreachable(e: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;
@@ -121,5 +130,25 @@ pub fn client_error(
             problem: scrub(&other.to_string(), None),
             fix,
         },
+    }
+}
+
+#[cfg(test)]
+mod refused_tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_refused_as_a_transport_failure_is_a_refusal() {
+        let transport = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(refused_handshake(
+            &transport,
+            "sasl_ssl://127.0.0.1:9095/bootstrap: error:0A000086:SSL routines::certificate verify failed (after 5ms in state SSL_HANDSHAKE)"
+        ));
+        assert!(!refused_handshake(
+            &transport,
+            "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
+        ));
+        let down = KafkaError::Global(RDKafkaErrorCode::AllBrokersDown);
+        assert!(!refused_handshake(&down, "SSL handshake failed"));
     }
 }

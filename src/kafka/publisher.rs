@@ -131,6 +131,14 @@ impl ClientContext for PublisherContext {
             return;
         }
         let mut fatal = classify(&error) == Disposition::Fatal;
+        // A refused TLS handshake reported as a transport failure counts as
+        // the refusal it is (and ends `run` with the same code).
+        let handshake = crate::kafka::refused_handshake(&error, reason);
+        let error = if handshake {
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::SSL)
+        } else {
+            error
+        };
         if !fatal && crate::kafka::refused(&error) {
             let v = self
                 .fatal
