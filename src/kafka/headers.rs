@@ -456,16 +456,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn outcome_headers_carry_cloudevents_and_the_trace() {
-        let o = Outcome {
+    /// An accepted outcome of order o-1, event e-1.
+    fn accepted() -> Outcome {
+        Outcome {
             kind: OutcomeType::DeductAccepted,
             order_id: "o-1".into(),
             outcome_id: "e-1:DeductAccepted".into(),
             reason: None,
             processed_at: "2026-11-30T10:00:00.000Z".into(),
             payload: b"{}".to_vec(),
-        };
+        }
+    }
+
+    #[test]
+    fn outcome_headers_carry_cloudevents_and_the_trace() {
+        let o = accepted();
         let inc = Incoming {
             parent: SpanRef::parse(TP),
             tracestate: Some("k=v".into()),
@@ -560,14 +565,7 @@ mod tests {
         // Three of 4 KiB fit the 16 KiB total with their names; not four.
         assert_eq!(inc.propagated.len(), 3);
         assert_eq!(inc.dropped, ["tracestate", "x-corr", "x-tenant"]);
-        let o = Outcome {
-            kind: OutcomeType::DeductAccepted,
-            order_id: "o-1".into(),
-            outcome_id: "e-1:DeductAccepted".into(),
-            reason: None,
-            processed_at: "2026-11-30T10:00:00.000Z".into(),
-            payload: b"{}".to_vec(),
-        };
+        let o = accepted();
         let span = EventSpan::new(None, [1; 16], [2; 8]);
         let out = outcome(&o, "s", &span, &inc);
         assert_eq!(get(&out, DROPPED), ["tracestate,x-corr,x-tenant"]);
