@@ -126,19 +126,26 @@ impl Fixture {
             })
     }
 
+    /// Every Redis key under the fixture's prefix.
+    pub async fn keys(
+        &self,
+        ledger: &Ledger,
+    ) -> Result<Vec<fred::prelude::Key>, fred::error::Error> {
+        ledger
+            .pool()
+            .next()
+            .scan_buffered(format!("{}:*", self.prefix), Some(1000), None)
+            .try_collect()
+            .await
+    }
+
     /// Deletes the fixture's topics and Redis keys; call it at the end of a
     /// passed test (a failed one keeps them for a look).
     pub async fn cleanup(&self) {
         let t = &self.topics;
         kafka::delete_topics(&[&t.input, &t.outcome, &t.dlq]).await;
         let ledger = self.ledger().await;
-        let keys: Vec<fred::prelude::Key> = ledger
-            .pool()
-            .next()
-            .scan_buffered(format!("{}:*", self.prefix), Some(1000), None)
-            .try_collect()
-            .await
-            .unwrap_or_default();
+        let keys = self.keys(&ledger).await.unwrap_or_default();
         for chunk in keys.chunks(500) {
             let _: Result<i64, _> = ledger.pool().unlink(chunk.to_vec()).await;
         }

@@ -434,7 +434,6 @@ fn dev_stack_cluster_ids_never_start_with_a_dash() {
 async fn a_lost_redis_dataset_is_warned_by_check_and_run_and_fails_audit() {
     use deductor::admin::PromoSpec;
     use fred::prelude::KeysInterface;
-    use futures::TryStreamExt;
 
     let f = Fixture::new("lost-dataset", 1).await;
     let ledger = f.ledger().await;
@@ -480,13 +479,7 @@ async fn a_lost_redis_dataset_is_warned_by_check_and_run_and_fails_audit() {
     );
 
     // Redis restarts empty: every key under the prefix is gone.
-    let keys: Vec<fred::prelude::Key> = ledger
-        .pool()
-        .next()
-        .scan_buffered(format!("{}:*", f.prefix), Some(1000), None)
-        .try_collect()
-        .await
-        .unwrap();
+    let keys = f.keys(&ledger).await.unwrap();
     assert!(!keys.is_empty());
     let _: i64 = ledger.pool().del(keys).await.unwrap();
 
