@@ -145,7 +145,12 @@ impl ClientContext for PublisherContext {
                 .refusals
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .note(tokio::time::Instant::now());
+                .refused(
+                    tokio::time::Instant::now(),
+                    error
+                        .rdkafka_error_code()
+                        .unwrap_or(rdkafka::types::RDKafkaErrorCode::SSL),
+                );
             if !v.persistent {
                 if let Some(times) = v.log {
                     tracing::warn!(error = %error, reason, times, "kafka producer refused; librdkafka retries, the service stops if it persists");
@@ -153,6 +158,27 @@ impl ClientContext for PublisherContext {
                 return;
             }
             fatal = true;
+        }
+        let mut error = error;
+        if !fatal && crate::kafka::unreachable(&error) {
+            // Right after a refusal, the connection failures that follow
+            // are that refusal repeated (librdkafka reports it once).
+            let (v, code) = {
+                let mut r = self
+                    .fatal
+                    .refusals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                (r.continued(tokio::time::Instant::now()), r.code())
+            };
+            if !v.persistent {
+                if let Some(times) = v.log {
+                    tracing::warn!(error = %error, reason, times, "kafka producer client error");
+                }
+                return;
+            }
+            fatal = true;
+            error = KafkaError::Global(code);
         }
         if !fatal {
             let times = self

@@ -22,6 +22,8 @@ pub struct Refusals {
     last: Option<Instant>,
     logged: Option<Instant>,
     unlogged: u64,
+    /// The code of the latest refusal: what a persistent run is reported as.
+    code: Option<rdkafka::types::RDKafkaErrorCode>,
 }
 
 /// What to do about one refusal.
@@ -35,6 +37,17 @@ pub struct Verdict {
 }
 
 impl Refusals {
+    /// Notes one refusal with its error `code` at `now`.
+    pub fn refused(&mut self, now: Instant, code: rdkafka::types::RDKafkaErrorCode) -> Verdict {
+        self.code = Some(code);
+        self.note(now)
+    }
+
+    /// The code of the latest refusal (`SSL` if none was noted).
+    pub fn code(&self) -> rdkafka::types::RDKafkaErrorCode {
+        self.code.unwrap_or(rdkafka::types::RDKafkaErrorCode::SSL)
+    }
+
     /// Notes one refusal at `now`.
     pub fn note(&mut self, now: Instant) -> Verdict {
         let gap = self
@@ -53,6 +66,25 @@ impl Refusals {
 }
 
 impl Refusals {
+    /// A connection failure of the same client ("all brokers down", a
+    /// transport failure). Within [`REFUSAL_BOUND`] of a refusal it continues
+    /// the run of refusals: librdkafka reports a handshake refused again and
+    /// again for the same reason once, and then only as connection failures.
+    /// With no run on it is an outage, only logged sparingly.
+    pub fn continued(&mut self, now: Instant) -> Verdict {
+        let running = self
+            .last
+            .is_some_and(|l| now.duration_since(l) <= REFUSAL_BOUND);
+        if running {
+            self.note(now)
+        } else {
+            Verdict {
+                persistent: false,
+                log: self.quiet(now),
+            }
+        }
+    }
+
     /// Another transient error of the same client (each refused handshake
     /// comes with a transport failure and "all brokers down"): they share
     /// one line per [`LOG_EVERY`]. `Some(n)`: log it, with `n` errors since
@@ -132,6 +164,32 @@ mod tests {
         let stopped_at = stopped_at.expect("persistent after the bound");
         assert!(stopped_at >= REFUSAL_BOUND && stopped_at < REFUSAL_BOUND + Duration::from_secs(1));
         assert!(lines <= 5, "{lines} lines in 40 s");
+    }
+
+    #[test]
+    fn connection_failures_after_a_refusal_continue_it_but_alone_never_stop() {
+        let t0 = Instant::now();
+        // An outage alone never counts, however long.
+        let mut r = Refusals::default();
+        for s in 0..120 {
+            assert!(!r.continued(t0 + Duration::from_secs(s)).persistent);
+        }
+        // One refusal, then nothing but "all brokers down": persistent
+        // after the bound, as librdkafka reports the refusal only once.
+        let mut r = Refusals::default();
+        r.note(t0);
+        let stopped = (1..60)
+            .map(|s| t0 + Duration::from_secs(s))
+            .find(|&now| r.continued(now).persistent)
+            .map(|now| now.duration_since(t0));
+        assert_eq!(stopped, Some(REFUSAL_BOUND));
+        // A refusal long before an outage does not make the outage one.
+        let mut r = Refusals::default();
+        r.note(t0);
+        let later = t0 + REFUSAL_BOUND + Duration::from_secs(1);
+        for s in 0..120 {
+            assert!(!r.continued(later + Duration::from_secs(s)).persistent);
+        }
     }
 
     #[test]

@@ -126,9 +126,11 @@ pub fn error_code(details: &str) -> &str {
             }
         }
     }
-    // Redis 7.0 refuses a command a script runs for its ACL user with no
-    // code of its own: read it as the refusal it is.
-    if rest.starts_with("The user executing the script can't run this command") {
+    // Redis 7.0 and Valkey 8 refuse a command a script runs for its ACL
+    // user with no code of their own: read it as the refusal it is.
+    if rest.starts_with("The user executing the script can't run this command")
+        || rest.starts_with("ACL failure in script:")
+    {
         return "NOPERM";
     }
     match rest.split_whitespace().next() {
@@ -373,6 +375,10 @@ mod tests {
             ("NOPERM this user has no permissions", ErrorClass::Auth),
             (
                 "ERR The user executing the script can't run this command or subcommand script: 1a2b, on @user_script:3.",
+                ErrorClass::Auth,
+            ),
+            (
+                "ERR ACL failure in script: User deductor-reader has no permissions to run the 'hset' command script: 1a2b, on @user_script:3.",
                 ErrorClass::Auth,
             ),
             ("ERR user_script:1: oops", ErrorClass::Other),

@@ -225,7 +225,10 @@ pub(super) fn consumer_error(
 ) -> Option<anyhow::Error> {
     metrics::kafka_error(&e);
     if crate::kafka::refused(&e) && crate::kafka::publisher::classify(&e) != Disposition::Fatal {
-        let v = refusals.note(tokio::time::Instant::now());
+        let code = e
+            .rdkafka_error_code()
+            .unwrap_or(rdkafka::types::RDKafkaErrorCode::SSL);
+        let v = refusals.refused(tokio::time::Instant::now(), code);
         if v.persistent {
             return Some(anyhow::Error::new(e).context(format!(
                 "kafka consumer: the brokers kept refusing the connection for {}s",
@@ -234,6 +237,23 @@ pub(super) fn consumer_error(
         }
         if let Some(times) = v.log {
             tracing::warn!(error = %e, times, "kafka consumer refused; librdkafka retries, the service stops if it persists");
+        }
+        return None;
+    }
+    if crate::kafka::unreachable(&e) && crate::kafka::publisher::classify(&e) != Disposition::Fatal
+    {
+        // Right after a refusal, the connection failures that follow are
+        // that refusal repeated (librdkafka reports it once).
+        let v = refusals.continued(tokio::time::Instant::now());
+        if v.persistent {
+            let refusal = rdkafka::error::KafkaError::MessageConsumption(refusals.code());
+            return Some(anyhow::Error::new(refusal).context(format!(
+                "kafka consumer: the brokers kept refusing the connection for {}s",
+                crate::kafka::refusal::REFUSAL_BOUND.as_secs()
+            )));
+        }
+        if let Some(times) = v.log {
+            tracing::warn!(error = %e, times, "kafka consumer error; librdkafka reconnects by itself");
         }
         return None;
     }

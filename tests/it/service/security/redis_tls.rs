@@ -109,7 +109,16 @@ pub(super) async fn private_redis(tls: bool) -> PrivateRedis {
         .unwrap()
         .port();
     let log = std::fs::File::create(d.join("redis.log")).unwrap();
-    let mut cmd = std::process::Command::new("redis-server");
+    // Debian's redis-server, built with TLS, even in the Valkey cell (whose
+    // redis-server on PATH is the wheel's Valkey, built without it): these
+    // tests are about the client's TLS, not the server's make.
+    let debian = std::path::Path::new("/usr/bin/redis-server");
+    let bin = if tls && debian.exists() {
+        debian.as_os_str()
+    } else {
+        std::ffi::OsStr::new("redis-server")
+    };
+    let mut cmd = std::process::Command::new(bin);
     cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
     if tls {
         cmd.args(["--port", "0", "--tls-port"])
