@@ -399,12 +399,15 @@ pub async fn finish_child(
 ) -> (Vec<kafka::Record>, Vec<kafka::Record>) {
     kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, f.topics.partitions, wait).await;
     child.assert_running();
-    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let (status, tail) = tokio::task::spawn_blocking(move || {
+        let status = child.terminate(Duration::from_secs(30));
+        (status, child.log_tail(40))
+    })
+    .await
+    .unwrap();
     assert!(
         status.success(),
-        "deductor run exits 0 on SIGTERM: {status}"
+        "deductor run exits 0 on SIGTERM: {status}; log:\n{tail}"
     );
     (
         kafka::read_all(&f.topics.outcome).await,

@@ -135,6 +135,48 @@ async fn crash_loop_of_sigkills_loses_nothing_and_decides_once() {
     f.cleanup().await;
 }
 
+/// SIGTERM while the group waits out a member killed with SIGKILL: the new
+/// member's join (and so its leave) waits on the broker for the dead
+/// member's session. It owns nothing and has nothing uncommitted, so it
+/// stops with 0 within the bound, whether or not the leave finished (a leave
+/// left unfinished is a warning: the group moves on after the session
+/// timeout). On Kafka 3.9 this exited 1 ("leaving the consumer group ...
+/// abandoned").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_joining_behind_a_dead_member_exits_0() {
+    let f = Fixture::new("join-term", 2).await;
+    let env = f.env(&[
+        ("pipeline.drain_timeout_secs", "2"),
+        ("kafka.consumer.session.timeout.ms", "45000"),
+    ]);
+    let mut first = service::spawn(&env, &["run"]);
+    first
+        .wait_for_log("partitions assigned", Duration::from_secs(60))
+        .await;
+    first.kill();
+    let mut second = service::spawn(&env, &["run"]);
+    second
+        .wait_for_log("consuming", Duration::from_secs(60))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    second.assert_running();
+    let started = Instant::now();
+    let (status, tail) = tokio::task::spawn_blocking(move || {
+        // drain 2 s + the documented 15 s, and slack for the exit.
+        let status = second.terminate(Duration::from_secs(25));
+        (status, second.log_tail(30))
+    })
+    .await
+    .unwrap();
+    assert!(
+        status.success(),
+        "SIGTERM while joining: {status} after {:?}; log:\n{tail}",
+        started.elapsed()
+    );
+    drop(first);
+    f.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_leaves_and_rejoins_mid_stream() {
     let f = Fixture::new("rebalance", 6).await;
