@@ -1,11 +1,13 @@
 //! `redis-sentinel://` urls: our syntax, parsed without fred so that config
 //! validation can name the problem.
 //!
-//! `redis-sentinel://[USER[:PASSWORD]@]HOST[:PORT][,HOST[:PORT]...]/SERVICE`
+//! `redis-sentinel://[USER@]HOST[:PORT][,HOST[:PORT]...]/SERVICE`
 //! (`rediss-sentinel://` for TLS to the sentinels and the data nodes). The
 //! hosts are sentinels (port 26379 when left out); SERVICE is the name the
-//! sentinels monitor the primary under. USER and PASSWORD are the data
-//! nodes' (like `redis.username` / `redis.password`, which override them);
+//! sentinels monitor the primary under. USER is the data nodes' (like
+//! `redis.username`, which overrides it); their password comes only from
+//! `redis.password` or `redis.password_file` (config validation refuses a
+//! password in any Redis url, without echoing it);
 //! the sentinels' own are `redis.sentinel_username` / `redis.sentinel_password`.
 //! fred's own sentinel url (`?sentinelServiceName=...&node=...`) is not
 //! accepted: one syntax, checked at start.

@@ -17,10 +17,21 @@ use std::time::{Duration, Instant};
 
 pub use deductor_testkit::sentinel::{self, SERVICE};
 
-/// A port nothing listens on right now (the OS picks it).
+/// A port nothing listens on right now, below the kernel's ephemeral range
+/// (32768-60999): these nodes are killed and restarted on their port, and a
+/// port from the ephemeral range can meanwhile become the local port of some
+/// outgoing connection (a Kafka or Redis client of a test running beside),
+/// so that the restarted node cannot bind it.
 pub fn free_port() -> u16 {
-    let l = StdListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let port = rng.random_range(20_000..32_000);
+        if StdListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999 after 1000 tries")
 }
 
 /// One redis-server (or sentinel) child; SIGKILLed when dropped.
@@ -252,13 +263,30 @@ impl Replicated {
     /// offset reached its primary's.
     pub async fn wait_in_sync(&self, port: u16) {
         let auth = self.auth_args();
-        eventually(90, &format!("replica {port} in sync"), || {
-            let mut all: Vec<&str> = auth.iter().map(String::as_str).collect();
-            all.extend(["INFO", "replication"]);
+        let mut all: Vec<&str> = auth.iter().map(String::as_str).collect();
+        all.extend(["INFO", "replication"]);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
             let info = cli(port, &all);
-            info.contains("master_link_status:up")
-        })
-        .await;
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(
+                    self.dir
+                        .path()
+                        .join(format!("redis-{port}"))
+                        .join("redis.log"),
+                )
+                .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "timed out after 90s: replica {port} in sync; INFO replication:\n{info}\nlog (last lines first):\n{}",
+                    tail.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The port the sentinels name as primary now ("" when none answers).
