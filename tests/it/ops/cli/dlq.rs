@@ -573,3 +573,33 @@ async fn list_with_a_limit_stops_reading_once_it_has_enough() {
     );
     f.cleanup().await;
 }
+
+/// Replay keeps its notes in Redis: without Redis it sends nothing and
+/// exits 3 (a dependency out of reach), naming Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_without_redis_sends_nothing_and_exits_3() {
+    let f = Fixture::new("redrive-noredis", 1).await;
+    let headers = dead_letter_headers(&f.topics.input, "0", &[]);
+    produce_with_headers(
+        &f.topics.dlq,
+        0,
+        "o-nr",
+        &placement("e-nr", "o-nr"),
+        &headers,
+    )
+    .await;
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let o = deductor(
+        &f.env(&[("redis.url", &url), ("redis.connect_timeout_ms", "500")]),
+        &["dlq", "replay", "--all"],
+    )
+    .await;
+    assert_exit(&o, 3, "replay without Redis");
+    assert!(stderr(&o).contains("redis"), "{}", stderr(&o));
+    assert_eq!(
+        kafka::end_offsets(&f.topics.input).await[&0],
+        0,
+        "nothing sent"
+    );
+    f.cleanup().await;
+}
