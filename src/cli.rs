@@ -200,12 +200,16 @@ pub enum DlqCommand {
     List(DlqListArgs),
     /// One dead letter in full, and what the parser says of it now.
     Show(DlqShowArgs),
-    /// Send dead letters back to the input topic.
+    /// Send dead letters back to the input topic, each at most once.
     ///
-    /// Only to kafka.input_topic; key and headers kept, deductor.redrive.*
+    /// Only to kafka.input_topic; the key and the producer's headers kept,
+    /// deductor.* headers of the dead-lettering dropped, deductor.redrive.*
     /// provenance headers added. Each record is run through the event
     /// parser first: still-invalid ones are skipped unless
-    /// --include-invalid; truncated ones always.
+    /// --include-invalid; truncated ones always. Each dead letter sent is
+    /// noted in Redis (promo:redriven:<dlq topic>:<partition>:<offset>, 90
+    /// days): a later replay reports it as already_redriven and does not
+    /// send it again, unless --again.
     Replay(DlqReplayArgs),
 }
 
@@ -269,6 +273,10 @@ pub struct DlqReplayArgs {
     /// dead-lettered again).
     #[arg(long)]
     pub include_invalid: bool,
+    /// Also send dead letters an earlier replay already sent (noted in
+    /// Redis); without it each dead letter is sent once.
+    #[arg(long)]
+    pub again: bool,
     /// Write deductor_dlq_redrives_total (Prometheus text format) to FILE,
     /// e.g. for node_exporter's textfile collector.
     #[arg(long, value_name = "FILE")]

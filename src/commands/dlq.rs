@@ -98,13 +98,26 @@ pub(super) async fn dlq(command: DlqCommand, settings: &Settings) -> anyhow::Res
                 Some(_) => Some(http::install_recorder()?),
                 None => None,
             };
+            // The redrive notes (each dead letter is sent once) live in Redis.
+            let notes = super::connect(settings).await?;
             let records = read_dead_letters(settings, filter).await?;
-            let report = dl::replay(k, &records, a.dry_run, a.include_invalid).await?;
+            let how = dl::Options {
+                dry_run: a.dry_run,
+                include_invalid: a.include_invalid,
+                again: a.again,
+            };
+            let report = dl::replay(k, &notes, &records, how).await;
+            notes.quit().await;
+            let report = report.map_err(|e| match e {
+                dl::ReplayError::Kafka(e) => anyhow::Error::new(e),
+                notes => anyhow::Error::new(notes),
+            })?;
             let count = |name: &str| report.iter().filter(|r| r.verdict.as_str() == name).count();
-            let (sent, would, skipped, failed) = (
+            let (sent, would, skipped, already, failed) = (
                 count("redriven"),
                 count("would_redrive"),
                 count("skipped"),
+                count("already_redriven"),
                 count("failed"),
             );
             if a.output.json() {
@@ -115,6 +128,7 @@ pub(super) async fn dlq(command: DlqCommand, settings: &Settings) -> anyhow::Res
                     "redriven": sent,
                     "would_redrive": would,
                     "skipped": skipped,
+                    "already_redriven": already,
                     "failed": failed,
                     "records": items,
                 }));
@@ -124,12 +138,14 @@ pub(super) async fn dlq(command: DlqCommand, settings: &Settings) -> anyhow::Res
                 }
                 if a.dry_run {
                     println!(
-                        "dry run: {would} would be redriven to {}, {skipped} still invalid; nothing sent",
+                        "dry run: {would} would be redriven to {}, {already} already redriven, \
+                         {skipped} still invalid; nothing sent",
                         k.input_topic
                     );
                 } else {
                     println!(
-                        "{sent} redriven to {}, {skipped} skipped (still invalid), {failed} failed",
+                        "{sent} redriven to {}, {already} already redriven (not sent again), \
+                         {skipped} skipped (still invalid), {failed} failed",
                         k.input_topic
                     );
                 }

@@ -43,6 +43,16 @@ impl Keys {
         format!("{}:ledger", self.prefix)
     }
 
+    /// `promo:redriven:<dlq topic>:<partition>:<offset>`: the note that
+    /// `deductor dlq replay` sent that dead letter back to the input topic
+    /// (`sending <unix ms>` while it sends, then `<input topic>
+    /// <partition>@<offset> <time>`), so a second replay skips it. No hash
+    /// tag (one key per command); Kafka topic names hold only
+    /// `[a-zA-Z0-9._-]`, so no topic can forge a promotion key.
+    pub fn redriven(&self, dlq_topic: &str, partition: i32, offset: i64) -> String {
+        format!("{}:redriven:{dlq_topic}:{partition}:{offset}", self.prefix)
+    }
+
     /// `promo:{P}`
     pub fn promotion(&self, p: &Id) -> String {
         format!("{}:{{{}}}", self.prefix, p)

@@ -18,6 +18,7 @@ pub mod error;
 pub mod marker;
 pub mod order;
 pub mod promo;
+pub mod redrive;
 pub mod reply;
 pub mod scripts;
 pub mod sentinel;

@@ -168,7 +168,13 @@ impl Lanes {
 
     /// Hands a pulled message to its lane and arms the next pull. A message
     /// pulled for a lane that has since been replaced goes to the current
-    /// lane (its stash keeps the order), except in `exactly_once` mode: the
+    /// lane (its stash keeps the order). It is the first message of the new
+    /// assignment, at the committed offset, never one fetched before the
+    /// revoke: the take and this hand-over have no await between them, so
+    /// it was taken after the revoke callback, whose unassign bumps the
+    /// partition's version barrier before it returns, and librdkafka drops
+    /// every message fetched before when it is popped
+    /// (tests/it/service/handover.rs). Except in `exactly_once` mode: the
     /// new lane starts from the committed offset, at or before it, and
     /// must not see it twice. For a revoked partition it is dropped,
     /// uncommitted, and redelivered to the next owner.

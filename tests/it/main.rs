@@ -39,6 +39,7 @@ mod service {
     mod consumer_e2e;
     mod consumer_faults;
     mod corrupt_release;
+    mod handover;
     mod hostile_input;
     mod metrics;
     mod outages;

@@ -6,11 +6,14 @@
 //! per partition) and a time range (record timestamps).
 //!
 //! Replay (redrive) sends each record back to the configured input topic,
-//! and only there: the original key and headers are kept, and
-//! `deductor.redrive.*` headers say where it came from and when. Each record
-//! is first run through the service's own parser (`domain::event::parse`):
-//! a record that is still invalid is skipped (it would only be
-//! dead-lettered again) unless asked for, and `--dry-run` stops there.
+//! and only there: the original key and the producer's headers are kept
+//! (deductor's own `deductor.*` ones are dropped), and `deductor.redrive.*`
+//! headers say where it came from and when. Each record is first run
+//! through the service's own parser (`domain::event::parse`): a record that
+//! is still invalid is skipped (it would only be dead-lettered again)
+//! unless asked for, and `--dry-run` stops there. Each dead letter sent is
+//! noted in Redis (`promo:redriven:...`), so a second replay skips it
+//! unless `--again`.
 
 use std::time::Duration;
 
@@ -20,7 +23,7 @@ mod read;
 mod replay;
 
 pub use read::read;
-pub use replay::{replay, Replayed, Verdict};
+pub use replay::{replay, Options, ReplayError, Replayed, Verdict};
 
 /// The header naming why a record was dead-lettered (CONTRACT.md section 4).
 pub const KIND_HEADER: &str = "deductor.error.kind";
@@ -32,6 +35,8 @@ pub const REDRIVE_TOPIC: &str = "deductor.redrive.topic";
 pub const REDRIVE_PARTITION: &str = "deductor.redrive.partition";
 pub const REDRIVE_OFFSET: &str = "deductor.redrive.offset";
 pub const REDRIVE_TIME: &str = "deductor.redrive.time";
+/// The prefix of the headers deductor writes; a replay drops them.
+pub const DEDUCTOR_HEADERS: &str = "deductor.";
 
 /// How long a read waits for a record before it gives up on a partition
 /// that should have more (e.g. behind an open transaction).
@@ -223,10 +228,20 @@ impl DeadLetter {
         })
     }
 
-    /// The headers of the redriven record: every original header, then the
-    /// provenance (`deductor.redrive.*`: where it was read, and when).
+    /// The headers of the redriven record: the producer's own, in order,
+    /// then the provenance (`deductor.redrive.*`: where it was read, and
+    /// when). Every `deductor.*` header is left out (the dead letter's
+    /// reasons and source, an earlier redrive's provenance): they describe
+    /// an earlier trip, and kept they would pile up, one more set each time
+    /// the record is dead-lettered again (issue 23). The dead letter the
+    /// provenance names still holds them.
     pub fn redrive_headers(&self, dlq_topic: &str, now: &str) -> Vec<(String, Option<Vec<u8>>)> {
-        let mut h = self.headers.clone();
+        let mut h: Vec<_> = self
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.starts_with(DEDUCTOR_HEADERS))
+            .cloned()
+            .collect();
         for (k, v) in [
             (REDRIVE_TOPIC, dlq_topic.to_owned()),
             (REDRIVE_PARTITION, self.partition.to_string()),
@@ -302,13 +317,17 @@ mod tests {
 
     #[test]
     fn redrive_keeps_headers_and_adds_provenance() {
-        let r = letter("missing_field", 7, 1_000, "{}");
+        let mut r = letter("missing_field", 7, 1_000, "{}");
+        r.headers
+            .push((REDRIVE_OFFSET.to_owned(), Some(b"3".to_vec())));
+        r.headers.push(("x-after".to_owned(), Some(b"a".to_vec())));
         let h = r.redrive_headers("orders.dlq", "2026-11-30T12:00:00.000Z");
         assert_eq!(
             &h[..2],
-            &r.headers[..],
-            "the original headers first, unchanged"
+            &[r.headers[1].clone(), r.headers[3].clone()],
+            "the producer's headers first, unchanged, no deductor.* one"
         );
+        assert_eq!(h.len(), 6, "{h:?}");
         let get = |k: &str| {
             h.iter()
                 .find(|(n, _)| n == k)
@@ -350,22 +369,6 @@ mod tests {
             cut.truncated_reason().ends_with("?@41"),
             "{}",
             cut.truncated_reason()
-        );
-    }
-
-    #[tokio::test]
-    async fn truncated_dead_letters_are_never_sent() {
-        let k = crate::config::Settings::load_from_env(None, &[], Vec::new())
-            .unwrap()
-            .kafka;
-        let mut cut = letter("too_large", 3, 0, "{\"type\":");
-        cut.headers
-            .push((TRUNCATED_HEADER.to_owned(), Some(b"true".to_vec())));
-        // A dry run needs no broker; include_invalid does not override it.
-        let report = replay(&k, &[cut], true, true).await.unwrap();
-        assert!(
-            matches!(&report[0].verdict, Verdict::Skipped(why) if why.starts_with("truncated")),
-            "{report:?}"
         );
     }
 }

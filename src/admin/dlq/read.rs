@@ -1,5 +1,6 @@
 //! Reading dead letters: an assigned consumer that never commits.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -35,10 +36,11 @@ pub fn read(k: &KafkaSettings, filter: &Filter) -> Result<Vec<DeadLetter>, Kafka
             rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
         ));
     }
-    let wanted: Vec<i32> = partitions
+    let mut wanted: Vec<i32> = partitions
         .into_iter()
         .filter(|p| filter.partition.is_none_or(|w| w == *p))
         .collect();
+    wanted.sort_unstable();
     // Per partition: the first offset to read and the last one wanted.
     let mut starts = TopicPartitionList::new();
     if let Some(since) = filter.since_ms {
@@ -68,9 +70,14 @@ pub fn read(k: &KafkaSettings, filter: &Filter) -> Result<Vec<DeadLetter>, Kafka
     }
     consumer.assign(&tpl)?;
     let mut open: Vec<(i32, i64)> = plan.iter().map(|(p, _, last)| (*p, *last)).collect();
+    let order: Vec<i32> = plan.iter().map(|(p, _, _)| *p).collect();
+    let limit = filter.limit.unwrap_or(usize::MAX);
+    let mut matched: HashMap<i32, usize> = HashMap::new();
     let mut out = Vec::new();
     let mut last_progress = Instant::now();
-    while !open.is_empty() {
+    // With a limit, reading stops once the first `limit` records are known
+    // (issue 23: it used to read, and hold, the whole topic first).
+    while !open.is_empty() && !enough(&order, &open, &matched, limit) {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 last_progress = Instant::now();
@@ -102,6 +109,12 @@ pub fn read(k: &KafkaSettings, filter: &Filter) -> Result<Vec<DeadLetter>, Kafka
                 }
                 if filter.matches(&r) {
                     out.push(r);
+                    let n = matched.entry(m.partition()).or_insert(0);
+                    *n += 1;
+                    if *n >= limit {
+                        // Any later record of this partition comes after these.
+                        open.retain(|(q, _)| *q != m.partition());
+                    }
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => open.retain(|(q, _)| *q != p),
@@ -118,6 +131,47 @@ pub fn read(k: &KafkaSettings, filter: &Filter) -> Result<Vec<DeadLetter>, Kafka
         }
     }
     out.sort_by_key(|r| (r.partition, r.offset));
-    out.truncate(filter.limit.unwrap_or(usize::MAX));
+    out.truncate(limit);
     Ok(out)
+}
+
+/// True once the first `limit` matching records by partition and offset
+/// are all read: the partitions of `order` before the first one still
+/// `open` hold at least `limit` matches between them.
+fn enough(order: &[i32], open: &[(i32, i64)], matched: &HashMap<i32, usize>, limit: usize) -> bool {
+    let mut total = 0usize;
+    for p in order {
+        if total >= limit {
+            return true;
+        }
+        if open.iter().any(|(q, _)| q == p) {
+            return false;
+        }
+        total = total.saturating_add(matched.get(p).copied().unwrap_or(0));
+    }
+    total >= limit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reading_stops_once_the_first_records_are_known() {
+        let order = [0, 1, 2];
+        let m = |v: &[(i32, usize)]| v.iter().copied().collect::<HashMap<_, _>>();
+        // Partition 0 still open: its records come first, whatever 1 holds.
+        assert!(!enough(&order, &[(0, 9)], &m(&[(1, 5)]), 2));
+        // Partition 0 done with 2: partitions 1 and 2 are not needed.
+        assert!(enough(&order, &[(1, 9), (2, 9)], &m(&[(0, 2)]), 2));
+        // Partition 0 done with 1, partition 1 still open: read on.
+        assert!(!enough(&order, &[(1, 9), (2, 9)], &m(&[(0, 1)]), 2));
+        assert!(enough(&order, &[(2, 9)], &m(&[(0, 1), (1, 1)]), 2));
+        assert!(
+            enough(&order, &[(0, 9)], &m(&[]), 0),
+            "a limit of 0 reads nothing"
+        );
+        // No limit: only the end of every partition stops it.
+        assert!(!enough(&order, &[(2, 9)], &m(&[(0, 7)]), usize::MAX));
+    }
 }

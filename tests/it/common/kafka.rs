@@ -311,6 +311,8 @@ pub struct Record {
     pub payload: Option<Vec<u8>>,
     /// Header name -> value (UTF-8, lossy); repeated names keep the last.
     pub headers: BTreeMap<String, String>,
+    /// Every header in the record's order, repeats included.
+    pub header_list: Vec<(String, String)>,
 }
 
 impl Record {
@@ -336,14 +338,14 @@ impl Record {
 
 fn record_of<M: Message>(m: &M) -> Record {
     let mut headers = BTreeMap::new();
+    let mut header_list = Vec::new();
     if let Some(h) = m.headers() {
         for Header { key, value } in h.iter() {
-            headers.insert(
-                key.to_owned(),
-                value
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default(),
-            );
+            let value = value
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            headers.insert(key.to_owned(), value.clone());
+            header_list.push((key.to_owned(), value));
         }
     }
     Record {
@@ -353,6 +355,7 @@ fn record_of<M: Message>(m: &M) -> Record {
         key: m.key().map(<[u8]>::to_vec),
         payload: m.payload().map(<[u8]>::to_vec),
         headers,
+        header_list,
     }
 }
 
