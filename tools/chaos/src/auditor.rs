@@ -199,6 +199,17 @@ fn judge_breach(stdout: &str, corrupt: &[CorruptField]) -> Verdict {
     }
 }
 
+/// The command's own error from its stderr: the last line that is not one
+/// of its JSON log lines (else the last line).
+fn error_line(stderr: &str) -> &str {
+    let lines = || stderr.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines()
+        .filter(|l| !l.starts_with('{'))
+        .last()
+        .or_else(|| lines().last())
+        .unwrap_or("")
+}
+
 /// One audit as it happened (`audits.json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Audit {
@@ -355,12 +366,9 @@ impl Auditor {
             if s.is_empty() {
                 s = stdout.trim().chars().take(2_000).collect();
             }
-            let err = stderr.trim();
+            let err = error_line(&stderr);
             if !err.is_empty() {
-                s = format!(
-                    "{s} [stderr: {}]",
-                    err.chars().take(2_000).collect::<String>()
-                );
+                s = format!("{s} [{}]", err.chars().take(2_000).collect::<String>());
             }
             s
         };
@@ -490,6 +498,15 @@ mod tests {
             {"promotion_id": "a", "breaches": [], "unsettled": ["x"]}]})
         .to_string();
         assert_eq!(judge(Some(1), &unsettled, false, &[]), Verdict::Failed);
+    }
+
+    #[test]
+    fn the_error_line_skips_log_lines() {
+        let stderr =
+            "{\"level\":\"WARN\"}\ndeductor: redis: connect failed\n{\"level\":\"WARN\"}\n";
+        assert_eq!(error_line(stderr), "deductor: redis: connect failed");
+        assert_eq!(error_line("{\"a\":1}\n"), "{\"a\":1}");
+        assert_eq!(error_line(""), "");
     }
 
     #[test]
