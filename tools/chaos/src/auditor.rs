@@ -133,7 +133,8 @@ pub enum Verdict {
     /// Exit 1 for anything else: a breach reported during the sale.
     FalseBreach,
     /// Anything else: exit 3 or no answer with Redis up, a usage error, a
-    /// crash, a breach report that is not one (UNSETTLED).
+    /// crash, exit 1 without a report (the command failed), a report with
+    /// no breach but UNSETTLED lines.
     Failed,
 }
 
@@ -156,9 +157,10 @@ pub fn judge(
 
 /// Exit 1: a false breach unless every breach is an injected corrupt field.
 fn judge_breach(stdout: &str, corrupt: &[CorruptField]) -> Verdict {
-    // An unreadable report of exit 1 is a breach that cannot be excused.
+    // Exit 1 without a report: the command failed (its error on stderr),
+    // it reported no breach.
     let Ok(report) = serde_json::from_str::<serde_json::Value>(stdout) else {
-        return Verdict::FalseBreach;
+        return Verdict::Failed;
     };
     if report["dataset_lost"] != serde_json::Value::Bool(false) {
         return Verdict::FalseBreach;
@@ -481,9 +483,14 @@ mod tests {
     #[test]
     fn an_exit_1_without_a_readable_breach_is_not_excused() {
         let injected = [field("k", "stock")];
+        // No report at all: the command failed (e.g. exit 1 for an error
+        // that is not a breach), a failure either way.
+        for down in [false, true] {
+            assert_eq!(judge(Some(1), "", down, &injected), Verdict::Failed);
+        }
         assert_eq!(
             judge(Some(1), "not json", false, &injected),
-            Verdict::FalseBreach
+            Verdict::Failed
         );
         // Nothing named at all.
         assert_eq!(
