@@ -206,9 +206,9 @@ fn judge_breach(stdout: &str, corrupt: &[CorruptField]) -> Verdict {
 fn error_line(stderr: &str) -> &str {
     let lines = || stderr.lines().map(str::trim).filter(|l| !l.is_empty());
     lines()
-        .filter(|l| !l.starts_with('{'))
-        .last()
-        .or_else(|| lines().last())
+        .rev()
+        .find(|l| !l.starts_with('{'))
+        .or_else(|| lines().next_back())
         .unwrap_or("")
 }
 
