@@ -127,6 +127,11 @@ pub enum Verdict {
     Clean,
     /// Exit 3, or no answer in time, while a fault had Redis away.
     Unreachable,
+    /// Killed by a signal (not ours) while a fault had Redis away: the
+    /// operator commands take SIGPIPE's default (src/main.rs, for
+    /// `... | head`), so a write to a Redis connection closed under them
+    /// kills them silently. A defect, shown apart until it is fixed.
+    Signalled,
     /// Exit 1 with, as its only breaches, the fields corrupted on purpose
     /// while the audit ran.
     InjectedCorruption,
@@ -143,10 +148,18 @@ pub enum Verdict {
 /// fields corrupt on purpose meanwhile.
 pub fn judge(
     code: Option<i32>,
+    signal: Option<i32>,
     stdout: &str,
     redis_down: bool,
     corrupt: &[CorruptField],
 ) -> Verdict {
+    if signal.is_some() {
+        return if redis_down {
+            Verdict::Signalled
+        } else {
+            Verdict::Failed
+        };
+    }
     match code {
         Some(0) => Verdict::Clean,
         Some(3) | None if redis_down => Verdict::Unreachable,
@@ -220,6 +233,8 @@ pub struct Audit {
     /// "all" or the promotion named.
     pub what: String,
     pub code: Option<i32>,
+    /// The signal that killed it (not the timeout's kill).
+    pub signal: Option<i32>,
     pub redis_down: bool,
     pub verdict: Verdict,
     /// The breaches (or the error) it reported, when not clean.
@@ -251,6 +266,11 @@ impl Tally {
             (
                 "audits unreachable during a Redis fault (exit 3)".into(),
                 n(Verdict::Unreachable),
+                false,
+            ),
+            (
+                "audits killed by a signal during a Redis fault".into(),
+                n(Verdict::Signalled),
                 false,
             ),
             (
@@ -326,17 +346,18 @@ impl Auditor {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let from = Instant::now();
-        let (code, stdout, stderr) = match cmd.spawn() {
-            Err(e) => (Some(-1), String::new(), format!("cannot start: {e}")),
+        let (code, signal, stdout, stderr) = match cmd.spawn() {
+            Err(e) => (Some(-1), None, String::new(), format!("cannot start: {e}")),
             Ok(child) => match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
                 Ok(Ok(out)) => (
-                    // Killed by a signal: no code, as when timed out.
                     out.status.code(),
+                    std::os::unix::process::ExitStatusExt::signal(&out.status),
                     String::from_utf8_lossy(&out.stdout).into_owned(),
                     String::from_utf8_lossy(&out.stderr).into_owned(),
                 ),
-                Ok(Err(e)) => (Some(-1), String::new(), format!("waiting: {e}")),
+                Ok(Err(e)) => (Some(-1), None, String::new(), format!("waiting: {e}")),
                 Err(_) => (
+                    None,
                     None,
                     String::new(),
                     format!("no answer in {} s: killed", self.timeout.as_secs()),
@@ -346,7 +367,7 @@ impl Auditor {
         let to = Instant::now();
         let redis_down = self.disturbances.redis_down(from, to);
         let corrupt = self.disturbances.corrupt_during(from, to);
-        let verdict = judge(code, &stdout, redis_down, &corrupt);
+        let verdict = judge(code, signal, &stdout, redis_down, &corrupt);
         let said = if verdict == Verdict::Clean {
             String::new()
         } else {
@@ -367,6 +388,9 @@ impl Auditor {
             let mut s = breaches.join("; ");
             if s.is_empty() {
                 s = stdout.trim().chars().take(2_000).collect();
+            }
+            if let Some(sig) = signal {
+                s = format!("{s} [killed by signal {sig}]");
             }
             let err = error_line(&stderr);
             if !err.is_empty() {
@@ -391,6 +415,7 @@ impl Auditor {
             took_s: (to - from).as_secs_f64(),
             what: what.unwrap_or_else(|| "all".to_owned()),
             code,
+            signal,
             redis_down,
             verdict,
             said,
@@ -423,13 +448,13 @@ mod tests {
     #[test]
     fn exit_codes_and_faults_decide_the_verdict() {
         let clean = report(&[("a", &[])]);
-        assert_eq!(judge(Some(0), &clean, false, &[]), Verdict::Clean);
-        assert_eq!(judge(Some(0), &clean, true, &[]), Verdict::Clean);
+        assert_eq!(judge(Some(0), None, &clean, false, &[]), Verdict::Clean);
+        assert_eq!(judge(Some(0), None, &clean, true, &[]), Verdict::Clean);
         // Unreachable: fine only while Redis was away.
-        assert_eq!(judge(Some(3), "", true, &[]), Verdict::Unreachable);
-        assert_eq!(judge(Some(3), "", false, &[]), Verdict::Failed);
-        assert_eq!(judge(None, "", true, &[]), Verdict::Unreachable);
-        assert_eq!(judge(None, "", false, &[]), Verdict::Failed);
+        assert_eq!(judge(Some(3), None, "", true, &[]), Verdict::Unreachable);
+        assert_eq!(judge(Some(3), None, "", false, &[]), Verdict::Failed);
+        assert_eq!(judge(None, None, "", true, &[]), Verdict::Unreachable);
+        assert_eq!(judge(None, None, "", false, &[]), Verdict::Failed);
         // A breach is a false breach, Redis fault or not.
         let breach = report(&[
             ("a", &[]),
@@ -438,11 +463,21 @@ mod tests {
                 &["stock: initial 10 - remaining 3 = 7 but records hold 6"],
             ),
         ]);
-        assert_eq!(judge(Some(1), &breach, false, &[]), Verdict::FalseBreach);
-        assert_eq!(judge(Some(1), &breach, true, &[]), Verdict::FalseBreach);
+        assert_eq!(
+            judge(Some(1), None, &breach, false, &[]),
+            Verdict::FalseBreach
+        );
+        assert_eq!(
+            judge(Some(1), None, &breach, true, &[]),
+            Verdict::FalseBreach
+        );
+        // Killed by a signal: shown apart during a Redis fault (SIGPIPE),
+        // a failure with Redis up.
+        assert_eq!(judge(None, Some(13), "", true, &[]), Verdict::Signalled);
+        assert_eq!(judge(None, Some(13), "", false, &[]), Verdict::Failed);
         // Usage errors and crashes are failures.
         for code in [2, 101, -1] {
-            assert_eq!(judge(Some(code), &clean, true, &[]), Verdict::Failed);
+            assert_eq!(judge(Some(code), None, &clean, true, &[]), Verdict::Failed);
         }
     }
 
@@ -453,11 +488,14 @@ mod tests {
         let injected = [field("chaosx:{flash}", "stock")];
         let only = report(&[("flash", &["corrupt chaosx:{flash} stock: abc"])]);
         assert_eq!(
-            judge(Some(1), &only, false, &injected),
+            judge(Some(1), None, &only, false, &injected),
             Verdict::InjectedCorruption
         );
         // Not while it was not corrupt on purpose.
-        assert_eq!(judge(Some(1), &only, false, &[]), Verdict::FalseBreach);
+        assert_eq!(
+            judge(Some(1), None, &only, false, &[]),
+            Verdict::FalseBreach
+        );
         // Another field, another promotion, a record: not excused.
         for other in [
             "corrupt chaosx:{flash} budget: abc",
@@ -467,7 +505,7 @@ mod tests {
         ] {
             let r = report(&[("flash", &["corrupt chaosx:{flash} stock: abc", other])]);
             assert_eq!(
-                judge(Some(1), &r, false, &injected),
+                judge(Some(1), None, &r, false, &injected),
                 Verdict::FalseBreach,
                 "{other}"
             );
@@ -477,7 +515,10 @@ mod tests {
             ("flash", &["corrupt chaosx:{flash} stock: abc"]),
             ("combo", &["remaining stock -1 < 0"]),
         ]);
-        assert_eq!(judge(Some(1), &two, false, &injected), Verdict::FalseBreach);
+        assert_eq!(
+            judge(Some(1), None, &two, false, &injected),
+            Verdict::FalseBreach
+        );
     }
 
     #[test]
@@ -486,25 +527,31 @@ mod tests {
         // No report at all: the command failed (e.g. exit 1 for an error
         // that is not a breach), a failure either way.
         for down in [false, true] {
-            assert_eq!(judge(Some(1), "", down, &injected), Verdict::Failed);
+            assert_eq!(judge(Some(1), None, "", down, &injected), Verdict::Failed);
         }
         assert_eq!(
-            judge(Some(1), "not json", false, &injected),
+            judge(Some(1), None, "not json", false, &injected),
             Verdict::Failed
         );
         // Nothing named at all.
         assert_eq!(
-            judge(Some(1), &report(&[("a", &[])]), false, &injected),
+            judge(Some(1), None, &report(&[("a", &[])]), false, &injected),
             Verdict::FalseBreach
         );
         // A lost dataset is a breach of its own.
         let lost = serde_json::json!({"dataset_lost": true, "promotions": []}).to_string();
-        assert_eq!(judge(Some(1), &lost, true, &injected), Verdict::FalseBreach);
+        assert_eq!(
+            judge(Some(1), None, &lost, true, &injected),
+            Verdict::FalseBreach
+        );
         // UNSETTLED is not a breach, nor a clean audit.
         let unsettled = serde_json::json!({"dataset_lost": false, "promotions": [
             {"promotion_id": "a", "breaches": [], "unsettled": ["x"]}]})
         .to_string();
-        assert_eq!(judge(Some(1), &unsettled, false, &[]), Verdict::Failed);
+        assert_eq!(
+            judge(Some(1), None, &unsettled, false, &[]),
+            Verdict::Failed
+        );
     }
 
     #[test]
