@@ -18,12 +18,18 @@ fn main() -> ExitCode {
         // An operator command whose output is cut short by a closed pipe
         // (`deductor promo set ... | head -1`) ends quietly, as `cat` does,
         // instead of panicking in println! with a backtrace after its write
-        // was applied. The service (`run`) keeps Rust's default (ignored:
-        // a write error is handled where it happens).
-        // SAFETY: called first, before any thread exists; SIG_DFL is a
-        // valid disposition for SIGPIPE.
+        // was applied. Only that pipe: a SIGPIPE from a Redis or Kafka
+        // connection the server closed is ignored, so that write fails and
+        // the command exits 3 with its message (with SIGPIPE's default it
+        // died silently, exit 141). The service (`run`) keeps Rust's
+        // default (ignored: a write error is handled where it happens).
+        // SAFETY: called first, before any thread exists; the handler is
+        // async-signal-safe (poll, signal, raise only).
         unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::signal(
+                libc::SIGPIPE,
+                on_sigpipe as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
         }
     }
     let settings = match cli.settings() {
@@ -51,6 +57,30 @@ fn main() -> ExitCode {
             // One line: the error and its causes.
             eprintln!("deductor: {e:#}");
             ExitCode::from(commands::exit_code(&e))
+        }
+    }
+}
+
+/// SIGPIPE of an operator command: when stdout or stderr is a pipe whose
+/// reader has gone (poll says POLLERR), end as SIGPIPE's default does;
+/// else (a network connection closed by its server) return, and the write
+/// fails with EPIPE, handled as a connection error.
+extern "C" fn on_sigpipe(_: libc::c_int) {
+    for fd in [1, 2] {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout; signal and raise are
+        // async-signal-safe, and the raised SIGPIPE is delivered with the
+        // default disposition once this handler returns.
+        unsafe {
+            if libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0 {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+                return;
+            }
         }
     }
 }

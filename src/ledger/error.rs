@@ -139,6 +139,10 @@ pub fn error_code(details: &str) -> &str {
     }
 }
 
+/// fred's error when a new Cluster connection finds `cluster_state` other
+/// than `ok` (fred 10, `check_cluster_state`).
+const FRED_CLUSTER_STATE_NOT_OK: &str = "Invalid or missing cluster state.";
+
 /// The one place Redis errors are classified.
 pub fn classify(e: &RedisError) -> ErrorClass {
     match error_code(e.details()) {
@@ -150,6 +154,14 @@ pub fn classify(e: &RedisError) -> ErrorClass {
         "CLUSTERDOWN" | "MOVED" | "ASK" => return ErrorClass::Cluster,
         "WRONGPASS" | "NOAUTH" | "NOPERM" => return ErrorClass::Auth,
         _ => {}
+    }
+    // fred's check of a new Cluster connection (`CLUSTER INFO` not saying
+    // `cluster_state:ok`, e.g. while a failover runs) is a Protocol error
+    // with this text and no code: the cluster is down for now, not a
+    // malformed reply (found by the chaos suite's audits: `audit` exited 1
+    // during a Cluster failover instead of 3).
+    if e.kind() == &ErrorKind::Protocol && e.details() == FRED_CLUSTER_STATE_NOT_OK {
+        return ErrorClass::Cluster;
     }
     match e.kind() {
         // Sentinel: no sentinel answered, or none names a primary yet (a
@@ -486,6 +498,22 @@ mod tests {
                 "{kind:?}"
             );
         }
+    }
+
+    /// A Cluster whose state is not ok (failing over) is unreachable for
+    /// now (exit 3, retried), not a malformed reply.
+    #[test]
+    fn a_cluster_state_not_ok_is_a_cluster_error() {
+        let e = RedisError::new(ErrorKind::Protocol, "Invalid or missing cluster state.");
+        assert_eq!(classify(&e), ErrorClass::Cluster);
+        assert_eq!(
+            LedgerError::redis("connect", e).disposition(),
+            ErrorClass::Cluster.disposition()
+        );
+        assert_eq!(
+            classify(&RedisError::new(ErrorKind::Protocol, "other")),
+            ErrorClass::Reply
+        );
     }
 
     #[test]

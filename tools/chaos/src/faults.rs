@@ -123,6 +123,8 @@ pub struct Env {
     pub operator: Arc<crate::operator::Operator>,
     /// The replicated Redis of a run with failovers.
     pub replicated: Option<Arc<Mutex<crate::replicated::Topology>>>,
+    /// Where the faults that take Redis away are marked, for the auditor.
+    pub disturbances: Arc<crate::auditor::Disturbances>,
 }
 
 /// Corrupt data met by a zombie. A limited promotion's budget or stock is
@@ -330,6 +332,13 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
     }
     let at = env.started.elapsed();
     let t0 = Instant::now();
+    // Redis away (down, cut, frozen, failing over) from here to the end of
+    // the fault: an audit meanwhile may find it unreachable.
+    let redis_away = matches!(
+        kind,
+        Kind::RedisKill | Kind::RedisCut | Kind::RedisStall | Kind::BrokerStall | Kind::Failover
+    )
+    .then(|| env.disturbances.redis_fault_begins());
     let detail = match kind {
         Kind::ConsumerKill => {
             let pick = pick_running(env, rng, Fleet::kill).await;
@@ -482,6 +491,9 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             )
         }
     };
+    if let Some(i) = redis_away {
+        env.disturbances.redis_fault_ends(i);
+    }
     Ok(Done {
         at_s: at.as_secs_f64(),
         kind,

@@ -10,6 +10,7 @@
 //! Normally started by `scripts/chaos`, which builds the binaries and runs a
 //! separate dev-stack broker for it. See docs/reliability.md.
 
+mod auditor;
 mod check;
 mod faults;
 mod fleet;
@@ -183,6 +184,12 @@ struct RunArgs {
     /// Most seconds to wait for the drain after the last fault.
     #[arg(long, default_value_t = 600)]
     drain_timeout: u64,
+    /// Seconds between two `deductor audit`s while the run is in flight
+    /// (from the consumers' start to the end of the drain), in turn of
+    /// every promotion and of one named promotion; 0: none. A breach any
+    /// of them reports fails the run (see `auditor.rs`).
+    #[arg(long, default_value_t = 5)]
+    audit_every: u64,
 }
 
 /// Seconds between two bursts of the production; a fault waits for the
@@ -558,6 +565,34 @@ async fn drive(
         failovers: a.failovers,
     };
     let plan = faults::schedule(&counts, window, rng);
+    let disturbances = Arc::new(auditor::Disturbances::default());
+    // The audits, from now to the end of the drain.
+    let (stop_audits, audits_stopped) = tokio::sync::watch::channel(false);
+    let audits = (a.audit_every > 0).then(|| {
+        let promos = load_promos(dir).unwrap_or_default();
+        tokio::spawn(
+            auditor::Auditor {
+                bin: a.deductor.clone(),
+                settings: vec![
+                    format!("--redis-url={}", run.redis_url),
+                    format!("--brokers={}", run.brokers),
+                    format!("--set=redis.key_prefix={}", run.key_prefix),
+                    format!("--set=kafka.group_id={}", run.group),
+                    format!("--set=kafka.input_topic={}", run.input_topic),
+                ],
+                promos: promos
+                    .iter()
+                    .filter(|p| p.seeded)
+                    .map(|p| p.id.clone())
+                    .collect(),
+                every: Duration::from_secs(a.audit_every),
+                timeout: Duration::from_secs(60),
+                disturbances: disturbances.clone(),
+                started,
+            }
+            .run(audits_stopped),
+        )
+    });
     let env = Env {
         fleet: fleet.clone(),
         redis: redis.clone(),
@@ -577,8 +612,10 @@ async fn drive(
             promos: load_promos(dir)?,
             dir: dir.to_owned(),
             log: Default::default(),
+            disturbances: disturbances.clone(),
         }),
         replicated,
+        disturbances: disturbances.clone(),
     };
     let t0 = Instant::now();
     let mut done = Vec::new();
@@ -677,6 +714,11 @@ async fn drive(
         },
     );
     drop(monitor);
+    let _ = stop_audits.send(true);
+    let audits = match audits {
+        Some(task) => Some(task.await.context("the auditor task")?),
+        None => None,
+    };
     let stats = {
         let mut f = fleet.lock().await;
         f.stop_all(Duration::from_secs(40)).await?;
@@ -749,6 +791,10 @@ async fn drive(
     figures
         .rows
         .push(("drain timed out".into(), i64::from(!drained), true));
+    if let Some(t) = &audits {
+        figures.rows.extend(t.rows(a.audit_every));
+        std::fs::write(dir.join("audits.json"), serde_json::to_vec_pretty(t)?)?;
+    }
     for e in stats.bad_term_exits.iter().chain(&stats.unexpected_exits) {
         eprintln!("chaos: {e}");
     }

@@ -138,6 +138,8 @@ pub struct Operator {
     pub promos: Vec<Promo>,
     pub dir: PathBuf,
     pub log: std::sync::Mutex<Vec<Operation>>,
+    /// Where a corruption is marked while it lasts, for the auditor.
+    pub disturbances: std::sync::Arc<crate::auditor::Disturbances>,
 }
 
 impl Operator {
@@ -309,6 +311,9 @@ impl Operator {
         let value = ["1e3", "-3", "007", "abc", " 5"][rng.below(5)];
         let ledger = self.connect().await?;
         let key = Keys::new(self.key_prefix.clone()).promotion(&id(&p.id)?);
+        // Marked before it is written, so that an audit that sees it is
+        // covered; ended once it is put back (or was never written).
+        let window = self.disturbances.corrupt_begins(&key, field);
         let script = "local v = redis.call('HGET', KEYS[1], ARGV[1]) \
                       if not v then return false end \
                       redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return v";
@@ -319,6 +324,7 @@ impl Operator {
             .await
             .context("corrupting a promotion")?;
         let Some(was) = was else {
+            self.disturbances.corrupt_ends(window);
             ledger.quit().await;
             anyhow::bail!("promotion {} has no {field} to corrupt", p.id);
         };
@@ -334,6 +340,7 @@ impl Operator {
             value: value.to_owned(),
             was,
             ledger,
+            window,
         }))
     }
 
@@ -354,6 +361,7 @@ impl Operator {
             )
             .await
             .with_context(|| format!("repairing {} {}", c.promo, c.field))?;
+        self.disturbances.corrupt_ends(c.window);
         ledger.quit().await;
         self.record(Operation::Repair {
             promo: c.promo.clone(),
@@ -381,6 +389,8 @@ pub struct Corruption {
     pub value: String,
     was: String,
     ledger: Ledger,
+    /// Its mark in the disturbances.
+    window: usize,
 }
 
 impl Corruption {

@@ -84,6 +84,33 @@ async fn output_to_a_closed_pipe_ends_quietly() {
     assert_eq!(r.promo_field("piped", "stock").await.as_deref(), Some("5"));
 }
 
+/// An operator command meeting a Redis that closes its connections (a
+/// server going down, a Cluster failing over) exits 3 with its message; it
+/// died of SIGPIPE (exit 141, nothing said) while the operator commands
+/// took SIGPIPE's default for item 13. Found by the chaos suite's audits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_closing_its_connections_is_exit_3_not_sigpipe() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("redis://{}", listener.local_addr().expect("addr"));
+    // Accepts and closes at once, without reading: the client's next
+    // write meets a closed connection.
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            drop(c);
+        }
+    });
+    let e = env(&[
+        ("DEDUCTOR_REDIS_URL", &url),
+        ("DEDUCTOR_REDIS_KEY_PREFIX", "sigpipe"),
+        ("DEDUCTOR_LOG_LEVEL", "error"),
+    ]);
+    for _ in 0..8 {
+        let o = deductor(&e, &["audit"]).await;
+        assert_exit(&o, 3, "audit against a Redis closing its connections");
+        assert!(stderr(&o).contains("redis"), "{}", stderr(&o));
+    }
+}
+
 /// The process's output, with everything a run of `secs` wrote.
 async fn run_for(
     e: &[(String, String)],
