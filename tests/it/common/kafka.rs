@@ -20,6 +20,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 
@@ -486,9 +487,31 @@ pub async fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i3
         for p in 0..partitions {
             tpl.add_partition(&topic, p);
         }
-        let got = c
-            .committed_offsets(tpl, Duration::from_secs(15))
-            .unwrap_or_else(|e| panic!("committed offsets of {group} on {topic}: {e}"));
+        // The group's coordinator may be moving or still loading (a broker
+        // answers NotCoordinator / CoordinatorLoadInProgress for a while
+        // after a group is created or the broker restarted): ask again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let got = loop {
+            match c.committed_offsets(tpl.clone(), Duration::from_secs(15)) {
+                Ok(got) => break got,
+                Err(e)
+                    if std::time::Instant::now() < deadline
+                        && matches!(
+                            e.rdkafka_error_code(),
+                            Some(
+                                RDKafkaErrorCode::NotCoordinator
+                                    | RDKafkaErrorCode::CoordinatorLoadInProgress
+                                    | RDKafkaErrorCode::CoordinatorNotAvailable
+                                    | RDKafkaErrorCode::RequestTimedOut
+                                    | RDKafkaErrorCode::OperationTimedOut
+                            )
+                        ) =>
+                {
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(e) => panic!("committed offsets of {group} on {topic}: {e}"),
+            }
+        };
         got.elements_for_topic(&topic)
             .iter()
             .map(|e| {
