@@ -236,10 +236,7 @@ pub(super) fn consumer_error(
             .unwrap_or(rdkafka::types::RDKafkaErrorCode::SSL);
         let v = refusals.refused(tokio::time::Instant::now(), code);
         if v.persistent {
-            return Some(anyhow::Error::new(e).context(format!(
-                "kafka consumer: the brokers kept refusing the connection for {}s",
-                crate::kafka::refusal::REFUSAL_BOUND.as_secs()
-            )));
+            return Some(refused_for_good(e));
         }
         if let Some(times) = v.log {
             tracing::warn!(error = %e, times, "kafka consumer refused; librdkafka retries, the service stops if it persists");
@@ -253,10 +250,7 @@ pub(super) fn consumer_error(
         let v = refusals.continued(tokio::time::Instant::now());
         if v.persistent {
             let refusal = rdkafka::error::KafkaError::MessageConsumption(refusals.code());
-            return Some(anyhow::Error::new(refusal).context(format!(
-                "kafka consumer: the brokers kept refusing the connection for {}s",
-                crate::kafka::refusal::REFUSAL_BOUND.as_secs()
-            )));
+            return Some(refused_for_good(refusal));
         }
         if let Some(times) = v.log {
             tracing::warn!(error = %e, times, "kafka consumer error; librdkafka reconnects by itself");
@@ -272,6 +266,14 @@ pub(super) fn consumer_error(
             None
         }
     }
+}
+
+/// The error `run` stops with once refusals persisted.
+fn refused_for_good(refusal: rdkafka::error::KafkaError) -> anyhow::Error {
+    anyhow::Error::new(refusal).context(format!(
+        "kafka consumer: the brokers kept refusing the connection for {}s",
+        crate::kafka::refusal::REFUSAL_BOUND.as_secs()
+    ))
 }
 
 pub(super) fn partition_list(topic: &str, p: i32) -> TopicPartitionList {
