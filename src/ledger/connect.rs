@@ -170,7 +170,17 @@ impl Ledger {
                 // A command in flight when its connection drops is resent (a
                 // script may run twice; the records make that harmless).
                 c.max_command_attempts = 3;
-                c.max_redirections = 5;
+                // fred follows no redirection: its ASK path (fred 10.1.0,
+                // `send_asking_with_policy`) sends ASKING on a pooled
+                // connection and takes the reply meant for the next command,
+                // after which every reply on that connection is shifted and
+                // calls time out until a restart (issue 25, a slot
+                // migration). With 0, a MOVED still re-reads the slot map
+                // before fred gives up, and an ASK fails at once; both come
+                // back as a Cluster error that the ledger's caller retries
+                // with backoff, so a migrating slot's promotion waits until
+                // the migration ends while every other one goes on.
+                c.max_redirections = 0;
                 c.unresponsive = UnresponsiveConfig {
                     max_timeout: Some(unresponsive),
                     interval: (unresponsive / 4).max(Duration::from_millis(100)),

@@ -47,4 +47,5 @@ mod service {
     mod secret_files;
     mod security;
     mod shutdown;
+    mod slot_migration;
 }
