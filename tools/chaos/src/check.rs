@@ -306,6 +306,18 @@ impl Topics {
     }
 }
 
+/// Whether the run's faults (`faults.json`, absent before the faults end)
+/// include a Redis failover.
+fn had_failovers(dir: &Path) -> anyhow::Result<bool> {
+    let path = dir.join("faults.json");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(false);
+    };
+    let faults: Vec<serde_json::Value> =
+        serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
+    Ok(faults.iter().any(|f| f["kind"] == "failover"))
+}
+
 pub async fn check(
     run: &RunInfo,
     promos: &[Promo],
@@ -322,7 +334,8 @@ pub async fn check(
     let mut found = Findings::default();
     // The operator faults' changes: what they allow, and each promotion's
     // initial amounts in its current incarnation.
-    let fx = operator::effects(promos, &operator::load(dir)?);
+    let mut fx = operator::effects(promos, &operator::load(dir)?);
+    fx.reasons_lost = had_failovers(dir)?;
     let promos: HashMap<String, Promo> = promos.iter().map(|p| (p.id.clone(), p.clone())).collect();
 
     let f = &mut found.figures;

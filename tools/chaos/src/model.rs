@@ -197,6 +197,14 @@ impl Order {
                         reason == "order_reverted"
                             || (reason == "corrupt_promotion" && fx.corrupt.contains(p))
                     }
+                    // The documented fallback of a delivery that meets a
+                    // released line whose event's reason was lost in a
+                    // failover (only a multi-line order releases lines).
+                    LineState::None
+                        if reason == "order_reverted" && fx.reasons_lost && e.lines.len() > 1 =>
+                    {
+                        true
+                    }
                     LineState::None => match promo.and_then(|x| x.fixed_rejection(t)) {
                         Some(r) => reason == r,
                         None if reason == "promotion_inactive" => fx.inactive.contains(p),
@@ -298,5 +306,55 @@ impl Order {
             ("RollbackRejected", first_reason.unwrap_or(""))
         };
         format!("{t}|{reason}|{}", lines.join(";"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn placed(lines: Value) -> OrderPlaced {
+        let v = json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
+            "customer_id": "c1", "occurred_at": "2026-11-29T10:00:00Z", "lines": lines});
+        match deductor::domain::event::parse(v.to_string().as_bytes()) {
+            Ok(deductor::domain::event::Event::Placed(e)) => e,
+            other => panic!("not an OrderPlaced: {other:?}"),
+        }
+    }
+
+    fn promos() -> HashMap<String, Promo> {
+        ["a", "b"]
+            .iter()
+            .map(|p| {
+                let mut x = Promo::new(p);
+                x.budget = Some(1000);
+                (p.to_string(), x)
+            })
+            .collect()
+    }
+
+    /// `order_reverted` on a fresh line is the documented fallback after a
+    /// reason lost in a Redis failover, and only then (a run without
+    /// failovers must not accept it), and only for a multi-line order.
+    #[test]
+    fn order_reverted_on_a_fresh_line_only_after_a_failover() {
+        let two = placed(json!([{"promotion_id": "a", "budget": 5},
+            {"promotion_id": "b", "budget": 5}]));
+        let one = placed(json!([{"promotion_id": "a", "budget": 5}]));
+        let v = json!({"type": "DeductRejected", "reason": "order_reverted", "promotion_id": "a"});
+        let calm = Effects::default();
+        let failed_over = Effects {
+            reasons_lost: true,
+            ..Effects::default()
+        };
+        assert!(Order::default().place(&two, &v, &promos(), &calm).is_err());
+        assert!(Order::default()
+            .place(&one, &v, &promos(), &failed_over)
+            .is_err());
+        assert_eq!(
+            Order::default().place(&two, &v, &promos(), &failed_over),
+            Ok(())
+        );
     }
 }

@@ -71,6 +71,14 @@ pub struct Effects {
     pub initial: HashMap<String, (Option<i64>, Option<i64>)>,
     /// Re-seeded at least once.
     pub reseeded: HashSet<String>,
+    /// The run failed Redis over (its `failover` faults): a rejection's
+    /// stored reason may be lost with writes that the failed node had not
+    /// replicated (they were not acknowledged: the event was not published
+    /// yet). A later delivery that then finds a line `released` and no
+    /// reason decides the lines after it again, and when none rejects the
+    /// event is rejected `order_reverted` on the released line (contract
+    /// section 3, "a released line is never deducted again").
+    pub reasons_lost: bool,
 }
 
 /// Replays the log over the seeded promotions.

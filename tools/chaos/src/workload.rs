@@ -32,7 +32,7 @@ pub struct Promo {
 }
 
 impl Promo {
-    fn new(id: &str) -> Promo {
+    pub(crate) fn new(id: &str) -> Promo {
         Promo {
             id: id.to_owned(),
             budget: None,
