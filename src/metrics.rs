@@ -30,6 +30,7 @@ pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
 pub const REDIS_WAIT_SHORTFALLS: &str = "deductor_redis_wait_shortfalls_total";
+pub const REDIS_POOL_RECONNECTS: &str = "deductor_redis_pool_reconnects_total";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -105,6 +106,10 @@ pub fn describe() {
     describe_counter!(
         REDIS_WAIT_SHORTFALLS,
         "Events whose WAIT found fewer replicas than redis.wait_replicas with their writes (or whose connection changed); each is retried."
+    );
+    describe_counter!(
+        REDIS_POOL_RECONNECTS,
+        "Times the Redis pool was reconnected because its calls kept timing out while a new connection answered (a wedged client)."
     );
     describe_gauge!(
         BUILD_INFO,
@@ -206,6 +211,11 @@ pub fn refund_customer_mismatch() {
 /// One durability-gate `WAIT` (all nodes of one event), in seconds.
 pub fn redis_wait(seconds: f64) {
     metrics::histogram!(REDIS_WAIT).record(seconds);
+}
+
+/// The wedge watchdog reconnected the pool ([`crate::ledger::wedge`]).
+pub fn redis_pool_reconnected() {
+    counter!(REDIS_POOL_RECONNECTS).increment(1);
 }
 
 /// An event the durability gate sent back for a retry.

@@ -228,6 +228,7 @@ impl Ledger {
             pool,
             shared: Arc::new(Shared {
                 batcher,
+                wedge: Default::default(),
                 keys: Keys::new(settings.key_prefix.clone()),
                 ttl: Ttls::new(settings.record_ttl_secs, settings.refund_ttl_secs),
                 slow_script: Duration::from_millis(settings.slow_script_ms),

@@ -23,6 +23,7 @@ pub mod reply;
 pub mod scripts;
 pub mod sentinel;
 pub mod store;
+pub mod wedge;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -54,6 +55,8 @@ struct Shared {
     command_timeout: Duration,
     /// Placement lines batched into deduct_batch.lua calls ([`batch`]).
     batcher: Option<batch::Batcher>,
+    /// The calls' timeouts, for the wedge watchdog ([`wedge`]).
+    wedge: Arc<wedge::Wedge>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -97,6 +100,19 @@ impl Ledger {
         Ok(())
     }
 
+    /// The record of the calls' timeouts the wedge watchdog reads.
+    pub fn wedge(&self) -> Arc<wedge::Wedge> {
+        self.shared.wedge.clone()
+    }
+
+    /// Reconnects every connection of the pool (and re-reads a Cluster's
+    /// slot map): the wedge watchdog's remedy.
+    pub async fn reconnect(&self) {
+        if let Err(e) = self.pool.force_reconnection().await {
+            tracing::warn!(error = %e, "reconnecting the redis pool failed");
+        }
+    }
+
     /// Closes every connection.
     pub async fn quit(&self) {
         let _ = self.pool.quit().await;
@@ -134,7 +150,9 @@ impl Ledger {
                 "slow Redis script"
             );
         }
-        result.map_err(|e| LedgerError::redis(script.name, e))
+        let result = result.map_err(|e| LedgerError::redis(script.name, e));
+        self.shared.wedge.observe(&result);
+        result
     }
 
     fn report_corrupt(&self, h: &Header, p: &Id, err: &LedgerError) {

@@ -261,7 +261,11 @@ impl Ledger {
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
         let call = calls::deduct(self.keys(), &self.shared.ttl, h, line);
         let reply = match &self.shared.batcher {
-            Some(b) => b.deduct(call).await?,
+            Some(b) => {
+                let result = b.deduct(call).await;
+                self.shared.wedge.observe(&result);
+                result?
+            }
             None => {
                 self.run(call, Some(&h.order_id), &line.promotion_id)
                     .await?

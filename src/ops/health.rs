@@ -43,6 +43,12 @@ pub struct Status {
     phase: Mutex<Phase>,
     /// The Redis pool, once connected: /readyz pings it.
     ledger: OnceLock<Ledger>,
+    /// Set by the wedge watchdog ([`crate::ledger::wedge`]): the pool's
+    /// calls time out while Redis answers, also after a reconnection; then
+    /// `/healthz` fails with this text.
+    redis_wedged: Mutex<Option<String>>,
+    /// What the wedge watchdog sees of Redis now, for `/readyz`.
+    redis_note: Mutex<Option<String>>,
     started: OnceLock<Instant>,
 }
 
@@ -105,8 +111,35 @@ impl Status {
         self.ledger.get()
     }
 
-    /// `/healthz`: alive, with the reason, or stalled (`Err`).
+    /// The wedge watchdog's verdict: `Some(why)` fails liveness.
+    pub fn set_redis_wedged(&self, why: Option<String>) {
+        *self.redis_wedged.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    pub fn redis_wedged(&self) -> Option<String> {
+        self.redis_wedged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What the wedge watchdog sees of Redis (an outage or a wedge).
+    pub fn set_redis_note(&self, note: Option<String>) {
+        *self.redis_note.lock().unwrap_or_else(|p| p.into_inner()) = note;
+    }
+
+    pub fn redis_note(&self) -> Option<String> {
+        self.redis_note
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `/healthz`: alive, with the reason, or stalled or wedged (`Err`).
     pub fn liveness(&self, stall_timeout: Duration) -> Result<String, String> {
+        if let Some(why) = self.redis_wedged() {
+            return Err(why);
+        }
         match self.phase() {
             Phase::Starting => Ok("ok: starting".to_owned()),
             Phase::Waiting { on, what } => Ok(format!("ok: waiting for {on} ({what})")),
@@ -152,6 +185,19 @@ mod tests {
         assert!(why.contains("redis"), "{why}");
         s.starting();
         assert_eq!(s.readiness(), Err("not ready: starting".to_owned()));
+    }
+
+    #[test]
+    fn a_wedged_redis_client_fails_liveness_until_it_answers_again() {
+        let s = Status::default();
+        s.running();
+        s.set_redis_wedged(Some("wedged: calls time out".to_owned()));
+        assert_eq!(
+            s.liveness(Duration::from_secs(60)),
+            Err("wedged: calls time out".to_owned())
+        );
+        s.set_redis_wedged(None);
+        assert_eq!(s.liveness(Duration::from_secs(60)), Ok("ok".to_owned()));
     }
 
     #[test]

@@ -314,9 +314,15 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
             .map_err(|_| "timeout".to_owned())
             .and_then(|r| r.map_err(|e| e.to_string()))
         {
+            // The wedge watchdog tells an outage from a wedged client.
+            let seen = s
+                .status
+                .redis_note()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: redis: {e}\n"),
+                format!("not ready: redis: {e}{seen}\n"),
             );
         }
     }

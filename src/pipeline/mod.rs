@@ -161,6 +161,19 @@ pub async fn run_with_ledger(
     status: Arc<Status>,
     ledger: Ledger,
 ) -> anyhow::Result<()> {
+    // The wedge watchdog (a pool whose calls time out while Redis answers),
+    // for as long as the pipeline runs.
+    let _watchdog = {
+        let stop = shutdown.child_token();
+        tokio::spawn(crate::ledger::wedge::watch(
+            ledger.clone(),
+            settings.redis.clone(),
+            Duration::from_secs(settings.http.stall_timeout_secs),
+            status.clone(),
+            stop.clone(),
+        ));
+        stop.drop_guard()
+    };
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
     let txn = match settings.kafka.delivery {

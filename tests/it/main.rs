@@ -48,4 +48,5 @@ mod service {
     mod security;
     mod shutdown;
     mod slot_migration;
+    mod wedged_client;
 }

@@ -10,7 +10,9 @@
 //! - [`settings`]: Redis settings for a test or tool, whatever the
 //!   environment says;
 //! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
-//!   used by the integration tests in `tests/it`).
+//!   used by the integration tests in `tests/it`);
+//! - [`wedge_proxy`]: a TCP proxy that wedges a Redis client's connections
+//!   while new ones still answer.
 
 pub mod proxy;
 pub mod redis_cli;
@@ -19,3 +21,4 @@ pub mod sentinel;
 pub mod service;
 pub mod settings;
 pub mod topics;
+pub mod wedge_proxy;
