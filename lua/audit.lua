@@ -7,7 +7,11 @@
 --
 -- ARGV[1] mode     "slot": list P's keys here with CLUSTER GETKEYSINSLOT (Redis Cluster:
 --                  every key of P is in slot {P}, so on this node; cost in proportion
---                  to that slot, never to the keyspace);
+--                  to that slot, never to the keyspace). While this node is migrating
+--                  or importing the slot (a reshard), its keys are split between two
+--                  nodes and a count here would show a false breach: the reply is then
+--                  the error "TRYAGAIN slot <n> is being migrated ..." and nothing was
+--                  read (CLUSTER NODES, this node's own line);
 --                  "scan": list them here with SCAN MATCH, only when the database holds
 --                  at most ARGV[3] keys (a standalone server; else the reply is
 --                  {"too_big", DBSIZE} and nothing was read);
@@ -60,6 +64,13 @@ end
 local keys = {}
 if mode == 'slot' then
   local slot = redis.call('CLUSTER', 'KEYSLOT', k_promo)
+  for line in string.gmatch(redis.call('CLUSTER', 'NODES'), '[^\n]+') do
+    if string.find(line, 'myself', 1, true) and (string.find(line, '[' .. slot .. '->-', 1, true)
+        or string.find(line, '[' .. slot .. '-<-', 1, true)) then
+      return redis.error_reply('TRYAGAIN slot ' .. slot .. ' is being migrated (a reshard): audit '
+        .. 'it again when the migration has ended')
+    end
+  end
   local n = redis.call('CLUSTER', 'COUNTKEYSINSLOT', slot)
   if n > 0 then keys = redis.call('CLUSTER', 'GETKEYSINSLOT', slot, n) end
 elseif mode == 'scan' then

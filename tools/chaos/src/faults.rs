@@ -49,6 +49,16 @@ pub enum Kind {
     /// The replica's link stalled while events flow, the primary SIGKILLed,
     /// the replica promoted by Sentinel (with --failovers only).
     Failover,
+    /// Redis out of memory: `maxmemory` squeezed below what it uses
+    /// (`noeviction`: every script write refused with OOM) during a burst,
+    /// then released.
+    RedisOom,
+    /// A Cluster reshard: the hot promotion's slot, with its keys, moved to
+    /// another primary while events flow (with --cluster only).
+    SlotMigration,
+    /// A primary and its replica added to the Cluster, and slots with their
+    /// keys rebalanced onto it while events flow (with --cluster only).
+    NodeAdd,
 }
 
 /// How many of each kind.
@@ -66,6 +76,9 @@ pub struct Counts {
     pub operator_changes: usize,
     pub corruptions: usize,
     pub failovers: usize,
+    pub redis_ooms: usize,
+    pub slot_migrations: usize,
+    pub node_adds: usize,
 }
 
 /// Random moments in [5%, 90%] of `window` ([5%, 50%] for the operator
@@ -85,12 +98,15 @@ pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, K
         (c.operator_changes, Kind::Operator),
         (c.corruptions, Kind::Corruption),
         (c.failovers, Kind::Failover),
+        (c.redis_ooms, Kind::RedisOom),
+        (c.slot_migrations, Kind::SlotMigration),
+        (c.node_adds, Kind::NodeAdd),
     ] {
         // Faults run one at a time and the late ones slip past the end of
         // the production; the operator faults and corruptions need events
         // flowing to mean anything, so they come in the first half.
         let span = match kind {
-            Kind::Operator | Kind::Corruption => 0.45,
+            Kind::Operator | Kind::Corruption | Kind::SlotMigration | Kind::NodeAdd => 0.45,
             _ => 0.85,
         };
         for _ in 0..n {
@@ -312,6 +328,61 @@ async fn broker_stall(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
     ))
 }
 
+/// The hash of a seeded promotion, one with a limit when there is one (the
+/// workload's hot promotions are limited), picked at random.
+fn hot_key(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
+    let promos = &env.operator.promos;
+    let limited: Vec<&crate::workload::Promo> = promos
+        .iter()
+        .filter(|p| p.seeded && (p.stock.is_some() || p.budget.is_some()))
+        .collect();
+    let pool: Vec<&crate::workload::Promo> = if limited.is_empty() {
+        promos.iter().filter(|p| p.seeded).collect()
+    } else {
+        limited
+    };
+    anyhow::ensure!(!pool.is_empty(), "no seeded promotion");
+    let p = pool[rng.below(pool.len())];
+    let id = deductor::domain::event::Id::parse(&p.id)
+        .map_err(|e| anyhow::anyhow!("promotion id {:?}: {e}", p.id))?;
+    Ok(deductor::domain::keys::Keys::new(env.operator.key_prefix.clone()).promotion(&id))
+}
+
+/// Redis out of memory during a burst: `maxmemory` set to 1 byte
+/// (`noeviction`, the dev stack's policy: every script write is refused
+/// with OOM; reads still answer), held 2 to 6 s while the next burst's
+/// events are refused and retried, then released (0: no limit). The
+/// consumers must wait (no outcome for a refused event, no exit) and decide
+/// each event once afterwards. Redis's own count of OOM replies says
+/// whether the squeeze met events.
+async fn redis_oom(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
+    let cli = |args: &[&str]| blocking(|| env.redis.lock().expect("redis lock").cli(args));
+    let ooms = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_OOM:count="))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before = ooms(cli(&["INFO", "errorstats"]));
+    let policy = cli(&["CONFIG", "GET", "maxmemory-policy"]);
+    anyhow::ensure!(
+        policy.lines().nth(1) == Some("noeviction"),
+        "the OOM fault needs maxmemory-policy noeviction, the server has {policy:?}"
+    );
+    let set = cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    anyhow::ensure!(set == "OK", "CONFIG SET maxmemory 1: {set:?}");
+    let waited = next_burst(env).await;
+    let held = pause(rng, 2_000, 6_000).await;
+    let reset = cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    anyhow::ensure!(reset == "OK", "CONFIG SET maxmemory 0: {reset:?}");
+    let met = ooms(cli(&["INFO", "errorstats"])).saturating_sub(before);
+    Ok(format!(
+        "redis maxmemory squeezed to 1 byte for {} ms (next burst after {waited} ms): {met} OOM replies, then released",
+        waited + held
+    ))
+}
+
 /// SIGKILLs the running consumer started longest ago (the stalls: a
 /// consumer with partitions, so with events in flight); `None` when none runs.
 async fn kill_oldest(env: &Env) -> Option<usize> {
@@ -326,7 +397,7 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
     // The stalls time themselves on the next burst.
     if !matches!(
         kind,
-        Kind::RedisStall | Kind::BrokerStall | Kind::Corruption | Kind::Failover
+        Kind::RedisStall | Kind::BrokerStall | Kind::Corruption | Kind::Failover | Kind::RedisOom
     ) {
         busy_moment(env, rng).await;
     }
@@ -336,7 +407,13 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
     // the fault: an audit meanwhile may find it unreachable.
     let redis_away = matches!(
         kind,
-        Kind::RedisKill | Kind::RedisCut | Kind::RedisStall | Kind::BrokerStall | Kind::Failover
+        Kind::RedisKill
+            | Kind::RedisCut
+            | Kind::RedisStall
+            | Kind::BrokerStall
+            | Kind::Failover
+            | Kind::SlotMigration
+            | Kind::NodeAdd
     )
     .then(|| env.disturbances.redis_fault_begins());
     let detail = match kind {
@@ -481,6 +558,29 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
             )
         }
         Kind::BrokerStall => broker_stall(env, rng).await?,
+        Kind::RedisOom => redis_oom(env, rng).await?,
+        Kind::SlotMigration => {
+            let Some(set) = &env.replicated else {
+                anyhow::bail!("a slot migration needs --cluster")
+            };
+            let key = hot_key(env, rng)?;
+            let hold = Duration::from_millis(rng.range(3_000, 8_000));
+            let mut set = set.lock().await;
+            let Some(c) = set.cluster() else {
+                anyhow::bail!("a slot migration needs --cluster")
+            };
+            c.migrate_slot(&key, hold, 10).await?
+        }
+        Kind::NodeAdd => {
+            let Some(set) = &env.replicated else {
+                anyhow::bail!("a node add needs --cluster")
+            };
+            let mut set = set.lock().await;
+            let Some(c) = set.cluster() else {
+                anyhow::bail!("a node add needs --cluster")
+            };
+            c.add_node().await?
+        }
         Kind::BrokerCut => {
             env.broker.cut()?;
             let held = pause(rng, 3_000, 8_000).await;

@@ -119,6 +119,19 @@ struct RunArgs {
     /// --redis-stalls, --netns).
     #[arg(long, default_value_t = 0)]
     failovers: usize,
+    /// Redis out of memory: `maxmemory` squeezed to 1 byte during a burst
+    /// (every script write refused with OOM), held 2 to 6 s, then released.
+    /// Not with --failovers.
+    #[arg(long, default_value_t = 0)]
+    redis_ooms: usize,
+    /// With --cluster: a reshard of a hot promotion's slot (its keys moved
+    /// in chunks over 3 to 8 s) while events flow.
+    #[arg(long, default_value_t = 0)]
+    slot_migrations: usize,
+    /// With --cluster: a primary and its replica added, and slots with
+    /// their keys rebalanced onto it while events flow (at most 2).
+    #[arg(long, default_value_t = 0)]
+    node_adds: usize,
     /// With --failovers: the consumers' `redis.wait_replicas` (the
     /// durability gate). 0 turns the gate off: the run then loses
     /// acknowledged deductions, which the check must report.
@@ -326,9 +339,15 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
         ),
     );
 
+    if (a.slot_migrations > 0 || a.node_adds > 0) && !(a.cluster && a.failovers > 0) {
+        bail!("--slot-migrations and --node-adds need the replicated Cluster (--failovers N --cluster)");
+    }
+    if a.node_adds > 2 {
+        bail!("--node-adds: at most 2");
+    }
     if a.failovers > 0 {
-        if a.netns || a.redis_kills + a.redis_cuts + a.redis_stalls > 0 {
-            bail!("--failovers runs a replicated Redis: not with --netns, --redis-kills, --redis-cuts or --redis-stalls");
+        if a.netns || a.redis_kills + a.redis_cuts + a.redis_stalls + a.redis_ooms > 0 {
+            bail!("--failovers runs a replicated Redis: not with --netns, --redis-kills, --redis-cuts, --redis-stalls or --redis-ooms");
         }
         let set = if a.cluster {
             replicated::Topology::Cluster(
@@ -563,6 +582,9 @@ async fn drive(
         operator_changes: a.operator_changes,
         corruptions: a.corruptions,
         failovers: a.failovers,
+        redis_ooms: a.redis_ooms,
+        slot_migrations: a.slot_migrations,
+        node_adds: a.node_adds,
     };
     let plan = faults::schedule(&counts, window, rng);
     let disturbances = Arc::new(auditor::Disturbances::default());
@@ -768,6 +790,18 @@ async fn drive(
         (
             faults::Kind::Failover,
             "redis failovers (replica lagging, primary SIGKILLed)",
+        ),
+        (
+            faults::Kind::RedisOom,
+            "redis out of memory (maxmemory squeezed, released)",
+        ),
+        (
+            faults::Kind::SlotMigration,
+            "cluster slot migrations (a hot promotion's slot resharded)",
+        ),
+        (
+            faults::Kind::NodeAdd,
+            "cluster nodes added (slots rebalanced onto them)",
         ),
     ] {
         let n = done.iter().filter(|d| d.kind == kind).count();

@@ -282,6 +282,13 @@ impl Replicated {
 pub struct ReplicatedCluster {
     pub nodes: Vec<Arc<Mutex<Redis>>>,
     pub proxies: Vec<LinkProxy>,
+    /// For nodes added by the node-add fault: the repository, the run's
+    /// Redis directory and the base port.
+    repo: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    base_port: u16,
+    /// Replicas expected in sync (3, one more per node-add fault).
+    replicas: usize,
     /// The node a fault is failing over: (index, the replica's index).
     pending: Option<(usize, usize)>,
     /// The stalled primary's replication offset when its link stalled.
@@ -315,6 +322,10 @@ impl ReplicatedCluster {
         let c = ReplicatedCluster {
             nodes,
             proxies,
+            repo: repo.to_owned(),
+            dir: dir.to_owned(),
+            base_port: port,
+            replicas: 3,
             pending: None,
             stalled_at: 0,
         };
@@ -330,12 +341,213 @@ impl ReplicatedCluster {
     /// are up.
     async fn wait_healthy(&self) -> anyhow::Result<()> {
         let ports: Vec<u16> = (0..self.nodes.len()).map(|i| self.port(i)).collect();
+        let replicas = self.replicas;
         eventually(
             Duration::from_secs(90),
-            "the cluster is ok with 3 replicas in sync",
-            || cluster_in_sync(&ports, 3),
+            &format!("the cluster is ok with {replicas} replicas in sync"),
+            || cluster_in_sync(&ports, replicas),
         )
         .await
+    }
+
+    /// The primaries: (node id, index), from `CLUSTER NODES` of node 0 (or
+    /// the first that answers).
+    fn primaries(&self) -> Vec<(String, usize)> {
+        let nodes = (0..self.nodes.len())
+            .map(|i| cli(self.port(i), &["CLUSTER", "NODES"]))
+            .find(|s| !s.is_empty())
+            .unwrap_or_default();
+        nodes
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() < 3 || !f[2].contains("master") || f[2].contains("fail") {
+                    return None;
+                }
+                let port: u16 = f[1]
+                    .split(['@', ','])
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())?;
+                Some((f[0].to_owned(), self.by_proxy(port)?))
+            })
+            .collect()
+    }
+
+    /// The slot-migration fault: the slot of `key` (a hot promotion's hash)
+    /// moves from its primary to another one while events flow, as
+    /// `redis-cli --cluster reshard` does: the slot held IMPORTING on the
+    /// target and MIGRATING on the source while its keys move in chunks of
+    /// `chunk` every 100 ms (at least `hold`), then assigned to the target
+    /// on every primary.
+    pub async fn migrate_slot(
+        &self,
+        key: &str,
+        hold: Duration,
+        chunk: usize,
+    ) -> anyhow::Result<String> {
+        let any = self.port(0);
+        let slot: u16 = cli(any, &["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .with_context(|| format!("CLUSTER KEYSLOT {key}"))?;
+        let primaries = self.primaries();
+        let owner_port = |i: usize| self.port(i);
+        let Some((source_id, source)) = primaries
+            .iter()
+            .find(|(_, i)| {
+                cli(
+                    owner_port(*i),
+                    &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()],
+                )
+                .parse::<u64>()
+                .is_ok_and(|n| n > 0)
+            })
+            .cloned()
+        else {
+            return Ok(format!(
+                "cluster: slot {slot} of {key} holds no key: skipped"
+            ));
+        };
+        let Some((target_id, target)) = primaries.iter().find(|(id, _)| *id != source_id).cloned()
+        else {
+            bail!("no other primary to move slot {slot} to");
+        };
+        let (sp, tp, s) = (self.port(source), self.port(target), slot.to_string());
+        let keys_at_start = cli(sp, &["CLUSTER", "COUNTKEYSINSLOT", &s]);
+        let ok = |what: &str, reply: String| -> anyhow::Result<()> {
+            if reply != "OK" {
+                bail!("{what}: {reply:?}");
+            }
+            Ok(())
+        };
+        ok(
+            "SETSLOT IMPORTING",
+            cli(tp, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &source_id]),
+        )?;
+        ok(
+            "SETSLOT MIGRATING",
+            cli(sp, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &target_id]),
+        )?;
+        let started = Instant::now();
+        let mut moved = 0usize;
+        loop {
+            let listed = cli(sp, &["CLUSTER", "GETKEYSINSLOT", &s, &chunk.to_string()]);
+            let keys: Vec<&str> = listed.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() && started.elapsed() >= hold {
+                break;
+            }
+            if !keys.is_empty() {
+                let mut args = vec!["MIGRATE", "127.0.0.1"];
+                let tps = tp.to_string();
+                args.extend([tps.as_str(), "", "0", "5000", "KEYS"]);
+                args.extend(keys.iter().copied());
+                let reply = cli(sp, &args);
+                if reply != "OK" && reply != "NOKEY" {
+                    bail!("MIGRATE of slot {slot}: {reply:?}");
+                }
+                moved += keys.len();
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                bail!("slot {slot} still held keys after 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The target first (it owns the slot from then on), then the source,
+        // then every other primary; gossip tells the replicas.
+        ok(
+            "SETSLOT NODE (target)",
+            cli(tp, &["CLUSTER", "SETSLOT", &s, "NODE", &target_id]),
+        )?;
+        ok(
+            "SETSLOT NODE (source)",
+            cli(sp, &["CLUSTER", "SETSLOT", &s, "NODE", &target_id]),
+        )?;
+        for (_, i) in &primaries {
+            if *i != source && *i != target {
+                cli(
+                    self.port(*i),
+                    &["CLUSTER", "SETSLOT", &s, "NODE", &target_id],
+                );
+            }
+        }
+        self.wait_healthy().await?;
+        Ok(format!(
+            "cluster: slot {slot} ({key}, {keys_at_start} keys) moved from node {source} to node {target}, \
+             {moved} keys in {} ms",
+            started.elapsed().as_millis()
+        ))
+    }
+
+    /// The node-add fault: a new primary and its replica (each behind a
+    /// proxy of its own, like the others) join the cluster, and
+    /// `redis-cli --cluster rebalance --cluster-use-empty-masters` moves
+    /// slots, with their keys, onto the new primary while events flow.
+    pub async fn add_node(&mut self) -> anyhow::Result<String> {
+        let first = self.nodes.len();
+        if first + 2 > 10 {
+            bail!("at most two node-add faults per run");
+        }
+        let started = Instant::now();
+        let mut added = Vec::new();
+        for i in first..first + 2 {
+            let off = i as u16;
+            let (data, proxy) = (self.base_port + 30 + off, self.base_port + 50 + off);
+            let mut r = Redis::new(&self.repo, &self.dir.join(format!("redis-{i}")), data, None)?;
+            r.configure(&format!(
+                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n\
+                 cluster-port {bus}\ncluster-announce-ip 127.0.0.1\ncluster-announce-port {proxy}\n\
+                 cluster-announce-bus-port {bus}\nreplica-announce-port {proxy}\n",
+                bus = proxy + 10_000
+            ))?;
+            self.proxies.push(LinkProxy::start(proxy, data).await?);
+            tokio::task::block_in_place(|| r.start())?;
+            self.nodes.push(Arc::new(Mutex::new(r)));
+            added.push(proxy);
+        }
+        let existing = format!("127.0.0.1:{}", self.proxies[0].port);
+        let primary = format!("127.0.0.1:{}", added[0]);
+        let replica = format!("127.0.0.1:{}", added[1]);
+        redis_cli_cluster(&["add-node", &primary, &existing])?;
+        eventually(Duration::from_secs(30), "the new primary is known", || {
+            cli(self.port(0), &["CLUSTER", "NODES"]).contains(&format!("127.0.0.1:{}@", added[0]))
+        })
+        .await?;
+        let new_id = cli(self.port(first), &["CLUSTER", "MYID"]);
+        // redis-cli refuses to add a node while the nodes' views differ
+        // ("Nodes don't agree about configuration"): the gossip about the
+        // new primary takes a moment.
+        wait_agree(&existing).await?;
+        redis_cli_cluster(&[
+            "add-node",
+            &replica,
+            &existing,
+            "--cluster-slave",
+            "--cluster-master-id",
+            &new_id,
+        ])?;
+        self.replicas += 1;
+        self.wait_healthy().await?;
+        wait_agree(&existing).await?;
+        let joined = started.elapsed().as_millis();
+        redis_cli_cluster(&[
+            "rebalance",
+            &existing,
+            "--cluster-use-empty-masters",
+            "--cluster-pipeline",
+            "10",
+        ])?;
+        self.wait_healthy().await?;
+        let owned = cli(self.port(0), &["CLUSTER", "NODES"])
+            .lines()
+            .find(|l| l.starts_with(&new_id))
+            .map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        Ok(format!(
+            "cluster: nodes {first} (primary) and {} (its replica) added in {joined} ms; \
+             rebalanced onto it (slots {owned}) after {} ms",
+            first + 1,
+            started.elapsed().as_millis()
+        ))
     }
 
     /// The `redis-cluster://` url (the proxies).
@@ -440,6 +652,47 @@ impl ReplicatedCluster {
     }
 }
 
+/// Until `redis-cli --cluster check` through `node` passes (every node
+/// agrees on the slots and no slot is open), at most 60 s.
+async fn wait_agree(node: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let check = std::process::Command::new("redis-cli")
+            .args(["--cluster", "check", node])
+            .output()
+            .context("redis-cli --cluster check")?;
+        if check.status.success() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the cluster's nodes did not agree within 60 s: {}",
+                String::from_utf8_lossy(&check.stdout)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `redis-cli --cluster ARGS... --cluster-yes`; an error with its output.
+fn redis_cli_cluster(args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("redis-cli")
+        .arg("--cluster")
+        .args(args)
+        .arg("--cluster-yes")
+        .output()
+        .context("redis-cli --cluster")?;
+    if !out.status.success() {
+        bail!(
+            "redis-cli --cluster {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// The replicated Redis of a run with failovers.
 pub enum Topology {
     Sentinel(Replicated),
@@ -480,6 +733,14 @@ impl Topology {
         match self {
             Topology::Sentinel(s) => s.stop(),
             Topology::Cluster(c) => c.stop(),
+        }
+    }
+
+    /// The Cluster, for its own faults (slot migration, node add).
+    pub fn cluster(&mut self) -> Option<&mut ReplicatedCluster> {
+        match self {
+            Topology::Sentinel(_) => None,
+            Topology::Cluster(c) => Some(c),
         }
     }
 

@@ -255,6 +255,17 @@ impl Redis {
         }
     }
 
+    /// `redis-cli -h HOST -p PORT ARGS...` (stdout, trimmed; empty when it
+    /// fails): reaches a server inside the namespace too.
+    pub fn cli(&self, args: &[&str]) -> String {
+        Command::new("redis-cli")
+            .args(["-h", &self.host, "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    }
+
     /// SIGKILL: no shutdown, no final fsync beyond what `always` did.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -25,11 +25,12 @@ pub(super) const OPERATOR_ACL: &str = "resetchannels -@all +evalsha +eval +scrip
 /// The readers' user for `promo list|show`, `audit`, `order show` and
 /// `event show`, as documented: `SCAN` and reads, nothing that writes;
 /// `audit` reads each promotion with one read-only script, `audit.lua`
-/// (`DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`,
-/// `COUNTKEYSINSLOT` and `GETKEYSINSLOT` on a Cluster).
+/// (`DBSIZE` + `SCAN` on a standalone server, `CLUSTER KEYSLOT`, `NODES`
+/// (is the slot being migrated?), `COUNTKEYSINSLOT` and `GETKEYSINSLOT` on
+/// a Cluster).
 pub(super) const READER_ACL: &str = "resetchannels -@all +ping +info +scan +hgetall +hget \
     +hmget +get +exists +type +evalsha +eval +script|load +dbsize +cluster|keyslot \
-    +cluster|countkeysinslot +cluster|getkeysinslot";
+    +cluster|nodes +cluster|countkeysinslot +cluster|getkeysinslot";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
     let mut v = vec![
