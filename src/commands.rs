@@ -107,7 +107,7 @@ pub async fn execute(command: Command, settings: Settings) -> anyhow::Result<Exi
             // A lost dataset audits clean (nothing left to breach): it fails
             // the audit by itself. Kafka not answering only warns.
             let dataset = crate::admin::dataset::judge(&ledger, &settings.kafka).await?;
-            let lost = matches!(dataset, crate::admin::dataset::Dataset::Lost { .. });
+            let lost = dataset.is_lost();
             if !matches!(
                 dataset,
                 crate::admin::dataset::Dataset::Marked(_) | crate::admin::dataset::Dataset::Fresh
@@ -333,7 +333,7 @@ async fn audit_json(
             "unsettled": r.unsettled,
         }));
     }
-    let lost = matches!(dataset, crate::admin::dataset::Dataset::Lost { .. });
+    let lost = dataset.is_lost();
     print_json(&serde_json::json!({
         "clean": clean && !lost,
         "dataset_lost": lost,

@@ -10,6 +10,7 @@
 //! gone while the group has committed offsets: [`super::dataset`]).
 //! Warnings never fail the check.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -156,6 +157,8 @@ struct Uncommitted {
     /// records they hold (high - low watermark).
     partitions: Vec<(i32, i64)>,
     all: bool,
+    /// The ledger marker ids the committed offsets' metadata names.
+    markers: BTreeSet<String>,
 }
 
 /// A Kafka failure and its exit code.
@@ -246,6 +249,12 @@ impl rdkafka::consumer::ConsumerContext for Quiet {}
 /// Whether the group has a committed offset on any partition of the input
 /// topic (blocking: librdkafka calls). An error names what could not be read.
 pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
+    group_commits(k).map(|(any, _)| any)
+}
+
+/// Whether the group has committed offsets on the input topic, and the
+/// ledger marker ids those commits name (their metadata, `ledger=<id>`).
+pub fn group_commits(k: &KafkaSettings) -> Result<(bool, BTreeSet<String>), String> {
     let mut config = consumer_config(k);
     config.set("statistics.interval.ms", "0");
     // `run` asks this in the background at start: librdkafka's own lines
@@ -263,9 +272,9 @@ pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
     if partitions.is_empty() {
-        return Ok(false);
+        return Ok((false, BTreeSet::new()));
     }
-    uncommitted(&consumer, k, &partitions).map(|u| !u.all)
+    uncommitted(&consumer, k, &partitions).map(|u| (!u.all, u.markers))
 }
 
 /// Why the metadata request of `client` failed, from the error event that
@@ -410,8 +419,12 @@ fn uncommitted<C: rdkafka::consumer::ConsumerContext>(
         }
     };
     let mut out = Vec::new();
+    let mut markers = BTreeSet::new();
     for e in committed.elements_for_topic(&k.input_topic) {
         if matches!(e.offset(), Offset::Offset(_)) {
+            if let Some(id) = crate::kafka::offsets::ledger_of(e.metadata()) {
+                markers.insert(id.to_owned());
+            }
             continue;
         }
         let (low, high) = consumer
@@ -422,6 +435,7 @@ fn uncommitted<C: rdkafka::consumer::ConsumerContext>(
     Ok(Uncommitted {
         all: out.len() == partitions.len(),
         partitions: out,
+        markers,
     })
 }
 
@@ -568,7 +582,7 @@ fn offsets_check(r: &mut Report, k: &KafkaSettings, facts: &KafkaFacts) {
 async fn dataset_check(r: &mut Report, ledger: &Ledger, k: &KafkaSettings) {
     use super::dataset::Dataset;
     match super::dataset::judge(ledger, k).await {
-        Ok(d @ Dataset::Lost { .. }) | Ok(d @ Dataset::Unknown(_)) => {
+        Ok(d @ (Dataset::Lost { .. } | Dataset::Replaced { .. } | Dataset::Unknown(_))) => {
             r.warn("ledger", d.to_string())
         }
         Ok(d) => r.ok("ledger", d.to_string()),

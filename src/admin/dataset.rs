@@ -12,8 +12,11 @@
 //! the marker (promotions, no marker: an upgrade) is not lost: `run` writes
 //! its marker.
 //!
-//! Not detected: a lost dataset whose promotions were then set again, which
-//! writes a new marker (the group keeps no record of the marker it saw).
+//! Every offset the service commits carries the marker it last read
+//! (`ledger=<id>` as the commit's metadata). So a lost dataset whose
+//! promotions were then set again, which writes a new marker, is seen too:
+//! the group's commits name another marker than Redis holds
+//! ([`Dataset::Replaced`]).
 
 use std::fmt;
 
@@ -35,6 +38,14 @@ pub enum Dataset {
     /// No marker, no promotion, and the group has committed offsets on the
     /// input topic: Redis lost the dataset the group's decisions live in.
     Lost { group: String, topic: String },
+    /// A marker, but the group's commits name another one: the dataset the
+    /// group decided against was replaced (lost, then set again).
+    Replaced {
+        group: String,
+        topic: String,
+        committed_against: String,
+        now: Marker,
+    },
     /// The marker is absent, and the group's offsets or the promotions
     /// could not be read (the reason).
     Unknown(String),
@@ -61,6 +72,23 @@ impl fmt::Display for Dataset {
                  AOF?); redelivered events would be decided afresh. Stop the service and see \
                  docs/operations.md, \"A lost Redis dataset\""
             ),
+            Dataset::Replaced {
+                group,
+                topic,
+                committed_against,
+                now,
+            } => write!(
+                f,
+                "group {group} committed offsets on {topic} for events decided against ledger \
+                 marker {committed_against}, but Redis holds ledger marker {} (created {}): the \
+                 dataset was replaced (lost, then set again?); redelivered events would be \
+                 decided afresh. Stop the service and see docs/operations.md, \"A lost Redis \
+                 dataset\"",
+                now.id,
+                chrono::DateTime::from_timestamp(now.created_at, 0)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_else(|| "at an unknown time".to_owned())
+            ),
             Dataset::Unknown(why) => write!(
                 f,
                 "no ledger marker, and {why}: cannot say whether Redis lost its dataset \
@@ -70,17 +98,41 @@ impl fmt::Display for Dataset {
     }
 }
 
-/// Reads the marker and, when it is absent, the group's committed offsets
-/// (a blocking librdkafka call, off the runtime) and the promotions.
-pub async fn judge(ledger: &Ledger, k: &KafkaSettings) -> Result<Dataset, LedgerError> {
-    if let Some(m) = ledger.ledger_marker().await? {
-        return Ok(Dataset::Marked(m));
+impl Dataset {
+    /// The dataset the group decided against is gone (lost, or replaced):
+    /// `audit` fails.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Dataset::Lost { .. } | Dataset::Replaced { .. })
     }
+}
+
+/// Reads the marker and the group's committed offsets with their metadata
+/// (a blocking librdkafka call, off the runtime), and, when the marker is
+/// absent, the promotions.
+pub async fn judge(ledger: &Ledger, k: &KafkaSettings) -> Result<Dataset, LedgerError> {
+    let marker = ledger.ledger_marker().await?;
     let k = k.clone();
     let (group, topic) = (k.group_id.clone(), k.input_topic.clone());
-    let committed = tokio::task::spawn_blocking(move || super::check::group_has_committed(&k))
+    let commits = tokio::task::spawn_blocking(move || super::check::group_commits(&k))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
+    if let Some(m) = marker {
+        // The group's commits not readable (Kafka away): the marker is all
+        // there is to go on.
+        let other = commits
+            .ok()
+            .and_then(|(_, markers)| markers.into_iter().find(|id| *id != m.id));
+        return Ok(match other {
+            Some(committed_against) => Dataset::Replaced {
+                group,
+                topic,
+                committed_against,
+                now: m,
+            },
+            None => Dataset::Marked(m),
+        });
+    }
+    let committed = commits.map(|(any, _)| any);
     let committed = match committed {
         Ok(c) => c,
         Err(why) => {
@@ -115,7 +167,7 @@ pub async fn judge(ledger: &Ledger, k: &KafkaSettings) -> Result<Dataset, Ledger
 /// dependency unreachable here is waited out by the pipeline as ever.
 pub async fn at_startup(ledger: &Ledger, k: &KafkaSettings) {
     match judge(ledger, k).await {
-        Ok(d @ Dataset::Lost { .. }) => tracing::error!("{d}"),
+        Ok(d @ (Dataset::Lost { .. } | Dataset::Replaced { .. })) => tracing::error!("{d}"),
         Ok(d @ Dataset::Unknown(_)) => tracing::warn!("{d}"),
         Ok(Dataset::Unmarked) => match ledger.ensure_ledger_marker().await {
             Ok(m) => {

@@ -11,11 +11,20 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::offsets::Offsets;
 use crate::metrics;
 
-/// The watermarks as a commit list of the input topic.
-pub fn commit_list(topic: &str, commits: &[(i32, i64)]) -> KafkaResult<TopicPartitionList> {
+/// The watermarks as a commit list of the input topic, each with
+/// `metadata` (the ledger marker, [`Offsets::commit_metadata`]).
+pub fn commit_list(
+    topic: &str,
+    commits: &[(i32, i64)],
+    metadata: &str,
+) -> KafkaResult<TopicPartitionList> {
     let mut list = TopicPartitionList::with_capacity(commits.len());
     for (p, o) in commits {
-        list.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+        let mut e = list.add_partition(topic, *p);
+        e.set_offset(Offset::Offset(*o))?;
+        if !metadata.is_empty() {
+            e.set_metadata(metadata);
+        }
     }
     Ok(list)
 }
@@ -31,7 +40,8 @@ where
     if commits.is_empty() {
         return;
     }
-    let result = commit_list(topic, &commits).and_then(|list| consumer.commit(&list, mode));
+    let result = commit_list(topic, &commits, &offsets.commit_metadata())
+        .and_then(|list| consumer.commit(&list, mode));
     match result {
         Ok(()) => {
             metrics::commit(true);
@@ -61,7 +71,7 @@ where
 {
     let commits = offsets.take_commits(Some(parts));
     if !lost && !commits.is_empty() {
-        match commit_list(topic, &commits) {
+        match commit_list(topic, &commits, &offsets.commit_metadata()) {
             Ok(list) => {
                 if let Err(e) = consumer.commit(&list, CommitMode::Sync) {
                     tracing::warn!(error = %e, "commit on revoke failed; the next owner redoes those events (absorbed by idempotency)");
@@ -94,10 +104,13 @@ mod tests {
 
     #[test]
     fn commit_list_names_the_watermarks() {
-        let l = commit_list("orders", &[(0, 5), (3, 9)]).unwrap();
+        let l = commit_list("orders", &[(0, 5), (3, 9)], "ledger=abc").unwrap();
         let e = l.elements_for_topic("orders");
         assert_eq!(e.len(), 2);
         assert_eq!(e[1].partition(), 3);
         assert_eq!(e[1].offset(), Offset::Offset(9));
+        assert_eq!(e[1].metadata(), "ledger=abc");
+        let bare = commit_list("orders", &[(0, 5)], "").unwrap();
+        assert_eq!(bare.elements_for_topic("orders")[0].metadata(), "");
     }
 }

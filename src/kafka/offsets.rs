@@ -36,6 +36,19 @@ pub struct Offsets {
 struct Inner {
     generation: u64,
     partitions: HashMap<i32, Partition>,
+    /// The ledger marker id of the Redis dataset the events are decided
+    /// against, committed with every offset (docs/contract.md section 2).
+    ledger: Option<String>,
+}
+
+/// The committed offsets' metadata naming ledger marker `id`.
+pub fn ledger_metadata(id: &str) -> String {
+    format!("ledger={id}")
+}
+
+/// The marker id a committed offset's metadata names, if any.
+pub fn ledger_of(metadata: &str) -> Option<&str> {
+    metadata.strip_prefix("ledger=").filter(|id| !id.is_empty())
 }
 
 impl Offsets {
@@ -47,6 +60,21 @@ impl Offsets {
         // The data stays consistent even if a holder panicked: every method
         // leaves it valid after each statement.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The Redis dataset's ledger marker (read at start and every 30 s).
+    pub fn set_ledger_marker(&self, id: &str) {
+        self.lock().ledger = Some(id.to_owned());
+    }
+
+    /// The metadata every commit carries: `ledger=<marker id>`, or empty
+    /// before the dataset has a marker.
+    pub fn commit_metadata(&self) -> String {
+        self.lock()
+            .ledger
+            .as_deref()
+            .map(ledger_metadata)
+            .unwrap_or_default()
     }
 
     /// Starts tracking `partition` for a new lane; returns the lane's generation.

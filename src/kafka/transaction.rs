@@ -322,7 +322,7 @@ impl Transactions {
         let Some(metadata) = metadata else {
             return self.rewind("no consumer group metadata (not in the group)", deadline);
         };
-        let list = commit_list(&self.topic, &commits)?;
+        let list = commit_list(&self.topic, &commits, &self.offsets.commit_metadata())?;
         let producer = self.producer();
         let stall = Some(self.stall);
         let sent = self.retrying(deadline, stall, || {

@@ -176,6 +176,25 @@ pub async fn run_with_ledger(
     };
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
+    // Every commit names the ledger marker of the dataset its events were
+    // decided against (docs/contract.md section 2): read now and every 30 s
+    // (the first `promo set` of a new deployment writes it later).
+    let _marker_reader = {
+        let stop = shutdown.child_token();
+        let (ledger, offsets, token) = (ledger.clone(), offsets.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(Some(m)) = ledger.ledger_marker().await {
+                    offsets.set_ledger_marker(&m.id);
+                }
+                tokio::select! {
+                    () = token.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                }
+            }
+        });
+        stop.drop_guard()
+    };
     let txn = match settings.kafka.delivery {
         Delivery::AtLeastOnce => None,
         Delivery::ExactlyOnce => {

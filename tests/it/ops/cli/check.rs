@@ -519,3 +519,70 @@ async fn a_lost_redis_dataset_is_warned_by_check_and_run_and_fails_audit() {
     ledger.quit().await;
     f.cleanup().await;
 }
+
+/// The gap left by the test above: a lost dataset whose promotions were set
+/// again has a new ledger marker, and looked intact. Every commit now names
+/// the marker its events were decided against (metadata `ledger=<id>`), so
+/// the group's commits naming another marker than Redis holds make `check`
+/// warn, `audit` fail and `run` log an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_dataset_set_again_is_told_by_the_marker_the_commits_name() {
+    use deductor::admin::PromoSpec;
+    use fred::prelude::KeysInterface;
+
+    let f = Fixture::new("replaced-dataset", 1).await;
+    let ledger = f.ledger().await;
+    let spec = PromoSpec {
+        stock: Some(10),
+        ..PromoSpec::default()
+    };
+    f.promo(&ledger, "p", spec.clone()).await;
+    let first = ledger.ledger_marker().await.unwrap().expect("a marker");
+    let e1 = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
+        "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
+        "lines": [{"promotion_id": "p", "stock": 1}]});
+    kafka::produce_events(&f.topics.input, &[e1]).await;
+    let svc = service::start(f.settings(&[]));
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
+        .await;
+    svc.stop(Duration::from_secs(30)).await.0.unwrap();
+    let o = deductor(&f.env(&[]), &["audit"]).await;
+    assert_exit(&o, 0, "audit of the intact dataset");
+
+    // Redis restarts empty, and the operator sets the promotion again.
+    let keys = f.keys(&ledger).await.unwrap();
+    let _: i64 = ledger.pool().del(keys).await.unwrap();
+    f.promo(&ledger, "p", spec).await;
+    let second = ledger.ledger_marker().await.unwrap().expect("a new marker");
+    assert_ne!(first.id, second.id);
+
+    let o = deductor(&f.env(&[]), &["check"]).await;
+    assert_exit(&o, 0, "check warns, never fails");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("WARN  ledger"))
+        .unwrap_or_else(|| panic!("a ledger warning: {out}"));
+    assert!(line.contains("the dataset was replaced"), "{line}");
+    assert!(
+        line.contains(&first.id) && line.contains(&second.id),
+        "{line}"
+    );
+    let o = deductor(&f.env(&[]), &["audit", "--output", "json"]).await;
+    assert_exit(&o, 1, "audit of a replaced dataset");
+    assert_eq!(json_of(&o)["dataset_lost"], true);
+
+    let mut child = service::spawn(&f.env(&[]), &["run"]);
+    child
+        .wait_for_log("the dataset was replaced", Duration::from_secs(60))
+        .await;
+    let status = tokio::task::spawn_blocking(move || child.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "deductor run exits 0 on SIGTERM: {status}"
+    );
+    ledger.quit().await;
+    f.cleanup().await;
+}
