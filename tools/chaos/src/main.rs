@@ -129,7 +129,7 @@ struct RunArgs {
     #[arg(long)]
     cluster: bool,
     /// A 3-node cluster instead of one broker (scripts/dev-stack's
-    /// `kafka3-*`, started by scripts/chaos --brokers3): --brokers lists
+    /// `brokers3-*`, started by scripts/chaos --brokers3): --brokers lists
     /// its nodes, the run's topics get replication factor 3 and
     /// min.insync.replicas 2, and its faults are --coordinator-kills,
     /// --leader-moves and --broker-freezes (not the one broker's
@@ -181,7 +181,7 @@ struct RunArgs {
     /// The service binary.
     #[arg(long, default_value = "target/release/deductor")]
     deductor: PathBuf,
-    /// scripts/dev-stack (kill-kafka / start-kafka, kafka3-*; its env names the instance).
+    /// scripts/dev-stack (kill-kafka / start-kafka, brokers3-*; its env names the instance).
     #[arg(long, default_value = "scripts/dev-stack")]
     stack_cmd: PathBuf,
     /// The dev-stack instance's state dir (for the broker's pidfile).

@@ -380,13 +380,13 @@ pub fn redis_settings(url: &str, prefix: &str) -> RedisSettings {
     }
 }
 
-/// The 3-node cluster of `--brokers3` (scripts/dev-stack's `kafka3-*`
+/// The 3-node cluster of `--brokers3` (scripts/dev-stack's `brokers3-*`
 /// commands; its env names the instance): nodes 1 to 3, each broker and
 /// controller, killed and started through that script, frozen and thawed
 /// here by the pid in its pidfile.
 pub struct Cluster3 {
     pub stack_cmd: PathBuf,
-    /// The dev-stack instance's state dir (its `kafka3/node-N/kafka.pid`).
+    /// The dev-stack instance's state dir (its `brokers3/node-N/kafka.pid`).
     pub stack_dir: PathBuf,
     /// The bootstrap list (all three nodes).
     pub brokers: String,
@@ -398,7 +398,7 @@ impl Cluster3 {
     /// Node `n`'s pid, from dev-stack's pidfile, checked against its command
     /// line so that a recycled pid is never signalled.
     fn pid(&self, n: i32) -> anyhow::Result<u32> {
-        let file = self.stack_dir.join(format!("kafka3/node-{n}/kafka.pid"));
+        let file = self.stack_dir.join(format!("brokers3/node-{n}/kafka.pid"));
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
         let pid: u32 = text
@@ -418,12 +418,12 @@ impl Cluster3 {
 
     /// SIGKILL node `n`.
     pub fn kill(&self, n: i32) -> anyhow::Result<()> {
-        self.stack(&["kafka3-kill", &n.to_string()])
+        self.stack(&["brokers3-kill", &n.to_string()])
     }
 
     /// Starts node `n` and waits until the cluster lists it again.
     pub fn start(&self, n: i32) -> anyhow::Result<()> {
-        self.stack(&["kafka3-start", &n.to_string()])
+        self.stack(&["brokers3-start", &n.to_string()])
     }
 
     /// SIGSTOP node `n`: its connections stay open, it answers nothing, its
@@ -454,16 +454,16 @@ impl Cluster3 {
     /// in-sync replica (reordered replicas, then a preferred election);
     /// returns the script's "moved M of N partitions".
     pub fn move_leaders(&self, topics: &[&str]) -> anyhow::Result<String> {
-        let mut args = vec!["kafka3-move-leaders"];
+        let mut args = vec!["brokers3-move-leaders"];
         args.extend_from_slice(topics);
         let out = Command::new(&self.stack_cmd)
             .args(&args)
             .stdin(Stdio::null())
             .output()
-            .context("running dev-stack kafka3-move-leaders")?;
+            .context("running dev-stack brokers3-move-leaders")?;
         if !out.status.success() {
             bail!(
-                "kafka3-move-leaders: {} {}",
+                "brokers3-move-leaders: {} {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             );
