@@ -36,6 +36,7 @@ use crate::telemetry::EventTracer;
 
 pub use crate::ops::health::Status;
 
+mod boundary_watch;
 mod drained;
 mod lane;
 mod routing;
@@ -257,6 +258,11 @@ pub async fn run_with_ledger(
     // timeout when the coordinator goes away: librdkafka #5456, #5511).
     let stuck_after = 2 * settings.transaction_timeout() + Duration::from_secs(30);
     let mut boundary_since = tokio::time::Instant::now();
+    // The same bound from a thread of its own, for a loop blocked with the
+    // boundary (a rebalance callback waiting on it).
+    let boundary_watch = txn
+        .is_some()
+        .then(|| boundary_watch::BoundaryWatch::start(stuck_after));
     let topic = settings.kafka.input_topic.as_str();
     let mut commit_tick =
         tokio::time::interval(Duration::from_millis(settings.pipeline.commit_interval_ms));
@@ -304,6 +310,9 @@ pub async fn run_with_ledger(
                         t.boundary(move || c.group_metadata()).await
                     }));
                     boundary_since = tokio::time::Instant::now();
+                    if let Some(w) = &boundary_watch {
+                        w.begin();
+                    }
                 }
             }
             _ = tokio::time::sleep_until(boundary_since + stuck_after), if boundary.is_some() => {
@@ -316,6 +325,9 @@ pub async fn run_with_ledger(
             }
             ended = async { boundary.as_mut().expect("armed").await }, if boundary.is_some() => {
                 boundary = None;
+                if let Some(w) = &boundary_watch {
+                    w.end();
+                }
                 match ended {
                     Ok(Ok(Boundary::Committed)) => {}
                     Ok(Ok(Boundary::Rewind(why))) => {
@@ -407,6 +419,9 @@ pub async fn run_with_ledger(
         }
     }
 
+    if let Some(w) = &boundary_watch {
+        w.stop();
+    }
     // Drain: start nothing new, let in-flight events finish (bounded), then
     // commit what was acknowledged and leave the group, each step bounded.
     let held = wind_down::Held {

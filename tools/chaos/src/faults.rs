@@ -59,6 +59,16 @@ pub enum Kind {
     /// A primary and its replica added to the Cluster, and slots with their
     /// keys rebalanced onto it while events flow (with --cluster only).
     NodeAdd,
+    /// --brokers3: the broker that coordinates the group (or, in
+    /// exactly_once, a consumer's transactions) SIGKILLed, restarted 5 to
+    /// 15 s later.
+    CoordinatorKill,
+    /// --brokers3: the leader of every partition of the input and the
+    /// outcome topic moved to another in-sync replica while events flow.
+    LeaderMove,
+    /// --brokers3: one broker frozen (SIGSTOP) for 2 to 8 s, then SIGCONT
+    /// (past 4 s the controller fences it and its leaderships move).
+    BrokerFreeze,
 }
 
 /// How many of each kind.
@@ -79,6 +89,9 @@ pub struct Counts {
     pub redis_ooms: usize,
     pub slot_migrations: usize,
     pub node_adds: usize,
+    pub coordinator_kills: usize,
+    pub leader_moves: usize,
+    pub broker_freezes: usize,
 }
 
 /// Random moments in [5%, 90%] of `window` ([5%, 50%] for the operator
@@ -101,6 +114,9 @@ pub fn schedule(c: &Counts, window: Duration, rng: &mut Rng) -> Vec<(Duration, K
         (c.redis_ooms, Kind::RedisOom),
         (c.slot_migrations, Kind::SlotMigration),
         (c.node_adds, Kind::NodeAdd),
+        (c.coordinator_kills, Kind::CoordinatorKill),
+        (c.leader_moves, Kind::LeaderMove),
+        (c.broker_freezes, Kind::BrokerFreeze),
     ] {
         // Faults run one at a time and the late ones slip past the end of
         // the production; the operator faults and corruptions need events
@@ -141,6 +157,109 @@ pub struct Env {
     pub replicated: Option<Arc<Mutex<crate::replicated::Topology>>>,
     /// Where the faults that take Redis away are marked, for the auditor.
     pub disturbances: Arc<crate::auditor::Disturbances>,
+    /// The 3-node cluster of a --brokers3 run.
+    pub cluster: Option<Arc<Target>>,
+}
+
+/// A --brokers3 run's cluster and what its faults aim at.
+pub struct Target {
+    pub cluster: crate::stack::Cluster3,
+    pub group: String,
+    pub input_topic: String,
+    pub outcome_topic: String,
+    /// exactly_once: the coordinator kills alternate between the
+    /// transaction coordinator of a consumer and the group's.
+    pub exactly_once: bool,
+}
+
+const GROUP_COORDINATORS: &str = "__consumer_offsets";
+const TRANSACTION_COORDINATORS: &str = "__transaction_state";
+
+/// The `transactional.id` a running consumer logged at its start
+/// ("exactly_once: transactions started"), if any.
+async fn running_transactional_id(env: &Env, rng: &mut Rng) -> Option<(usize, String)> {
+    let f = env.fleet.lock().await;
+    let mut running = f.running();
+    while !running.is_empty() {
+        let i = running.swap_remove(rng.below(running.len()));
+        let text = std::fs::read_to_string(f.log_of(i)).unwrap_or_default();
+        let needle = "\"transactional_id\":\"";
+        if let Some(at) = text.find(needle) {
+            let rest = &text[at + needle.len()..];
+            if let Some(end) = rest.find('"') {
+                return Some((i, rest[..end].to_owned()));
+            }
+        }
+    }
+    None
+}
+
+/// The coordinator of the group, and in exactly_once mode (every other
+/// time) of a running consumer's transactional id, SIGKILLed and restarted
+/// 5 to 15 s later.
+async fn coordinator_kill(
+    env: &Env,
+    t: &Target,
+    rng: &mut Rng,
+    n: usize,
+) -> anyhow::Result<String> {
+    let brokers = t.cluster.brokers.clone();
+    let group_node = {
+        let (b, g) = (brokers.clone(), t.group.clone());
+        blocking(move || crate::kafka::coordinator(&b, GROUP_COORDINATORS, &g))?
+    };
+    let mut what = format!("group coordinator (of {})", t.group);
+    let mut node = group_node;
+    if t.exactly_once && n % 2 == 0 {
+        if let Some((i, id)) = running_transactional_id(env, rng).await {
+            let b = brokers.clone();
+            let idc = id.clone();
+            let tx_node =
+                blocking(move || crate::kafka::coordinator(&b, TRANSACTION_COORDINATORS, &idc))?;
+            what = format!(
+                "transaction coordinator of consumer {i} ({id}){}",
+                if tx_node == group_node {
+                    ", also the group coordinator"
+                } else {
+                    ""
+                }
+            );
+            node = tx_node;
+        } else {
+            what.push_str(" (no consumer's transactional id found)");
+        }
+    }
+    blocking(|| t.cluster.kill(node))?;
+    let down = pause(rng, 5_000, 15_000).await;
+    let t0 = Instant::now();
+    blocking(|| t.cluster.start(node))?;
+    Ok(format!(
+        "broker {node}, the {what}, SIGKILLed, restarted after {down} ms (back in {:.1} s)",
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+/// One broker frozen for 2 to 8 s: in turn the group's coordinator and a
+/// random one.
+async fn broker_freeze(env: &Env, t: &Target, rng: &mut Rng, n: usize) -> anyhow::Result<String> {
+    let _ = env;
+    let node = if n % 2 == 0 {
+        let (b, g) = (t.cluster.brokers.clone(), t.group.clone());
+        blocking(move || crate::kafka::coordinator(&b, GROUP_COORDINATORS, &g))?
+    } else {
+        crate::stack::Cluster3::NODES[rng.below(3)]
+    };
+    t.cluster.pause(node)?;
+    let held = pause(rng, 2_000, 8_000).await;
+    t.cluster.resume(node)?;
+    Ok(format!(
+        "broker {node}{} SIGSTOPped for {held} ms, then SIGCONT",
+        if n % 2 == 0 {
+            " (the group coordinator)"
+        } else {
+            ""
+        }
+    ))
 }
 
 /// Corrupt data met by a zombie. A limited promotion's budget or stock is
@@ -580,6 +699,25 @@ pub async fn inject(kind: Kind, env: &Env, rng: &mut Rng, n: usize) -> anyhow::R
                 anyhow::bail!("a node add needs --cluster")
             };
             c.add_node().await?
+        }
+        Kind::CoordinatorKill | Kind::LeaderMove | Kind::BrokerFreeze => {
+            let Some(t) = env.cluster.clone() else {
+                anyhow::bail!("{kind:?} needs --brokers3")
+            };
+            match kind {
+                Kind::CoordinatorKill => coordinator_kill(env, &t, rng, n).await?,
+                Kind::BrokerFreeze => broker_freeze(env, &t, rng, n).await?,
+                _ => {
+                    let moved = blocking(|| {
+                        t.cluster
+                            .move_leaders(&[t.input_topic.as_str(), t.outcome_topic.as_str()])
+                    })?;
+                    format!(
+                        "leaders of {} and {}: {moved}",
+                        t.input_topic, t.outcome_topic
+                    )
+                }
+            }
         }
         Kind::BrokerCut => {
             env.broker.cut()?;

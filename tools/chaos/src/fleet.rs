@@ -190,6 +190,12 @@ impl Fleet {
         self.slots[i].state == State::Leaving
     }
 
+    /// The log of slot `i`'s current (or last) process.
+    pub fn log_of(&self, i: usize) -> PathBuf {
+        self.logs
+            .join(format!("consumer-{i}.{}.log", self.slots[i].started))
+    }
+
     pub fn is_off(&self, i: usize) -> bool {
         self.slots[i].state == State::Off
     }

@@ -253,10 +253,71 @@ pub fn read_committed(brokers: &str, topic: &str, within: Duration) -> anyhow::R
     Ok(out)
 }
 
+/// Java's `String.hashCode` (over UTF-16 code units), which the broker
+/// hashes a group id or transactional id with to pick its coordinator.
+fn java_hash(s: &str) -> i32 {
+    s.encode_utf16()
+        .fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)))
+}
+
+/// The partition of the internal topic (`__consumer_offsets` or
+/// `__transaction_state`, `partitions` of them) that holds `key`: Kafka's
+/// `Utils.abs(key.hashCode()) % partitions` (the coordinator of a group or
+/// a transactional id is that partition's leader).
+pub fn coordinator_partition(key: &str, partitions: i32) -> i32 {
+    let h = java_hash(key);
+    let abs = if h == i32::MIN { 0 } else { h.abs() };
+    abs % partitions.max(1)
+}
+
+/// The broker (node id) that coordinates `key` (a group id with
+/// `__consumer_offsets`, a transactional id with `__transaction_state`):
+/// the leader of the internal topic's partition for it, as the metadata
+/// says now (what FindCoordinator answers).
+pub fn coordinator(brokers: &str, internal_topic: &str, key: &str) -> anyhow::Result<i32> {
+    let c = reader(brokers, "read_uncommitted", false)?;
+    let md = c.fetch_metadata(Some(internal_topic), Duration::from_secs(10))?;
+    let t = md
+        .topics()
+        .first()
+        .with_context(|| format!("no metadata for {internal_topic}"))?;
+    let n = t.partitions().len() as i32;
+    if n == 0 {
+        bail!("{internal_topic} has no partitions (not created yet?)");
+    }
+    let p = coordinator_partition(key, n);
+    let leader = t
+        .partitions()
+        .iter()
+        .find(|x| x.id() == p)
+        .map_or(-1, |x| x.leader());
+    if leader < 0 {
+        bail!("{internal_topic} partition {p} (of {key}) has no leader now");
+    }
+    Ok(leader)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+    #[test]
+    fn coordinator_partition_follows_javas_string_hash() {
+        // Values of Java's String.hashCode (checked with jshell).
+        assert_eq!(java_hash(""), 0);
+        assert_eq!(java_hash("hello"), 99_162_322);
+        assert_eq!(java_hash("chaos"), 94_623_616);
+        // UTF-16 code units, not bytes.
+        assert_eq!(java_hash("é€x"), 483_317);
+        // Its hash is i32::MIN: Utils.abs makes that 0.
+        assert_eq!(java_hash("polygenelubricants"), i32::MIN);
+        assert_eq!(coordinator_partition("polygenelubricants", 10), 0);
+        // A negative hash: its absolute value, modulo.
+        assert_eq!(java_hash("zzzzzzzz"), -1_910_022_912);
+        assert_eq!(coordinator_partition("zzzzzzzz", 10), 2);
+        assert_eq!(coordinator_partition("hello", 10), 2);
+    }
 
     /// Against a real broker (a dev-stack one, e.g. the chaos broker):
     /// `DEDUCTOR_CHAOS_TEST_BROKERS=127.0.0.1:9292 cargo test -p

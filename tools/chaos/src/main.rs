@@ -141,6 +141,27 @@ struct RunArgs {
     /// replica each (the cluster fails over by itself) instead of Sentinel.
     #[arg(long)]
     cluster: bool,
+    /// A 3-node cluster instead of one broker (scripts/dev-stack's
+    /// `brokers3-*`, started by scripts/chaos --brokers3): --brokers lists
+    /// its nodes, the run's topics get replication factor 3 and
+    /// min.insync.replicas 2, and its faults are --coordinator-kills,
+    /// --leader-moves and --broker-freezes (not the one broker's
+    /// --broker-kills, --broker-cuts, --broker-stalls).
+    #[arg(long)]
+    brokers3: bool,
+    /// --brokers3: the group's coordinator (in exactly_once, every other
+    /// time the transaction coordinator of a consumer's transactional.id)
+    /// SIGKILLed, restarted 5 to 15 s later.
+    #[arg(long, default_value_t = 0)]
+    coordinator_kills: usize,
+    /// --brokers3: every partition leader of the input and the outcome
+    /// topic moved to another in-sync replica while events flow.
+    #[arg(long, default_value_t = 0)]
+    leader_moves: usize,
+    /// --brokers3: a broker (in turn the group coordinator and a random
+    /// one) frozen with SIGSTOP for 2 to 8 s, then SIGCONT.
+    #[arg(long, default_value_t = 0)]
+    broker_freezes: usize,
     /// Run a deliberately broken service (a build with the test-only cargo
     /// feature `mutants`): the consumers get DEDUCTOR_MUTANT=<name>
     /// (commit-early, no-ack-wait, double-deduct). The run must then fail.
@@ -173,7 +194,7 @@ struct RunArgs {
     /// The service binary.
     #[arg(long, default_value = "target/release/deductor")]
     deductor: PathBuf,
-    /// scripts/dev-stack (kill-kafka / start-kafka; its env names the instance).
+    /// scripts/dev-stack (kill-kafka / start-kafka, brokers3-*; its env names the instance).
     #[arg(long, default_value = "scripts/dev-stack")]
     stack_cmd: PathBuf,
     /// The dev-stack instance's state dir (for the broker's pidfile).
@@ -297,6 +318,12 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
     if (a.redis_cuts > 0) && !a.netns {
         bail!("--redis-cuts needs --netns");
     }
+    if a.brokers3 && a.broker_kills + a.broker_cuts + a.broker_stalls > 0 {
+        bail!("--brokers3 runs a 3-node cluster: its faults are --coordinator-kills, --leader-moves and --broker-freezes, not --broker-kills, --broker-cuts or --broker-stalls");
+    }
+    if !a.brokers3 && a.coordinator_kills + a.leader_moves + a.broker_freezes > 0 {
+        bail!("--coordinator-kills, --leader-moves and --broker-freezes need --brokers3 (a 3-node cluster)");
+    }
     std::fs::create_dir_all(&a.run_dir)?;
     let dir = a.run_dir.canonicalize()?;
     let seed = a.seed.unwrap_or_else(|| {
@@ -316,8 +343,9 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
     log(
         started,
         format!(
-            "run {tag}, seed {seed}, delivery {}, dir {}",
+            "run {tag}, seed {seed}, delivery {}, {}, dir {}",
             a.delivery,
+            if a.brokers3 { "3 brokers" } else { "1 broker" },
             dir.display()
         ),
     );
@@ -445,7 +473,8 @@ async fn run_with_redis(
         partitions,
         append_time: false,
     };
-    topics::create(
+    // --brokers3: replication factor 3, min.insync.replicas 2.
+    topics::create_replicated(
         &a.brokers,
         &[
             topic(&run.input_topic, 6),
@@ -453,6 +482,7 @@ async fn run_with_redis(
             topic(&run.dlq_topic, 3),
         ],
         Duration::from_secs(60),
+        if a.brokers3 { 3 } else { 1 },
     )
     .await?;
     log(
@@ -585,6 +615,9 @@ async fn drive(
         redis_ooms: a.redis_ooms,
         slot_migrations: a.slot_migrations,
         node_adds: a.node_adds,
+        coordinator_kills: a.coordinator_kills,
+        leader_moves: a.leader_moves,
+        broker_freezes: a.broker_freezes,
     };
     let plan = faults::schedule(&counts, window, rng);
     let disturbances = Arc::new(auditor::Disturbances::default());
@@ -638,6 +671,19 @@ async fn drive(
         }),
         replicated,
         disturbances: disturbances.clone(),
+        cluster: a.brokers3.then(|| {
+            Arc::new(faults::Target {
+                cluster: stack::Cluster3 {
+                    stack_cmd: a.stack_cmd.clone(),
+                    stack_dir: a.stack_dir.clone(),
+                    brokers: a.brokers.clone(),
+                },
+                group: run.group.clone(),
+                input_topic: run.input_topic.clone(),
+                outcome_topic: run.outcome_topic.clone(),
+                exactly_once: a.delivery == Delivery::ExactlyOnce,
+            })
+        }),
     };
     let t0 = Instant::now();
     let mut done = Vec::new();
@@ -661,6 +707,9 @@ async fn drive(
                 let _ = redis.lock().map(|r| r.resume());
                 let _ = env.broker.heal();
                 let _ = env.broker.resume();
+                if let Some(t) = &env.cluster {
+                    t.cluster.heal_all();
+                }
                 bail!("fault {kind:?} failed: {e:#}");
             }
         }
@@ -802,6 +851,18 @@ async fn drive(
         (
             faults::Kind::NodeAdd,
             "cluster nodes added (slots rebalanced onto them)",
+        ),
+        (
+            faults::Kind::CoordinatorKill,
+            "coordinator brokers SIGKILLed (3 brokers)",
+        ),
+        (
+            faults::Kind::LeaderMove,
+            "partition leader moves (3 brokers)",
+        ),
+        (
+            faults::Kind::BrokerFreeze,
+            "broker freezes (SIGSTOP, 3 brokers)",
         ),
     ] {
         let n = done.iter().filter(|d| d.kind == kind).count();

@@ -390,3 +390,95 @@ pub fn redis_settings(url: &str, prefix: &str) -> RedisSettings {
         ..deductor_testkit::settings::redis(url, prefix)
     }
 }
+
+/// The 3-node cluster of `--brokers3` (scripts/dev-stack's `brokers3-*`
+/// commands; its env names the instance): nodes 1 to 3, each broker and
+/// controller, killed and started through that script, frozen and thawed
+/// here by the pid in its pidfile.
+pub struct Cluster3 {
+    pub stack_cmd: PathBuf,
+    /// The dev-stack instance's state dir (its `brokers3/node-N/kafka.pid`).
+    pub stack_dir: PathBuf,
+    /// The bootstrap list (all three nodes).
+    pub brokers: String,
+}
+
+impl Cluster3 {
+    pub const NODES: [i32; 3] = [1, 2, 3];
+
+    /// Node `n`'s pid, from dev-stack's pidfile, checked against its command
+    /// line so that a recycled pid is never signalled.
+    fn pid(&self, n: i32) -> anyhow::Result<u32> {
+        let file = self.stack_dir.join(format!("brokers3/node-{n}/kafka.pid"));
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let pid: u32 = text
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid", file.display()))?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("kafka.Kafka") {
+            bail!("pid {pid} of {} is not a broker", file.display());
+        }
+        Ok(pid)
+    }
+
+    fn stack(&self, args: &[&str]) -> anyhow::Result<()> {
+        sh(&self.stack_cmd.to_string_lossy(), args)
+    }
+
+    /// SIGKILL node `n`.
+    pub fn kill(&self, n: i32) -> anyhow::Result<()> {
+        self.stack(&["brokers3-kill", &n.to_string()])
+    }
+
+    /// Starts node `n` and waits until the cluster lists it again.
+    pub fn start(&self, n: i32) -> anyhow::Result<()> {
+        self.stack(&["brokers3-start", &n.to_string()])
+    }
+
+    /// SIGSTOP node `n`: its connections stay open, it answers nothing, its
+    /// heartbeats to the controller quorum stop.
+    pub fn pause(&self, n: i32) -> anyhow::Result<()> {
+        signal(self.pid(n)?, "STOP")
+    }
+
+    pub fn resume(&self, n: i32) -> anyhow::Result<()> {
+        signal(self.pid(n)?, "CONT")
+    }
+
+    /// Best effort after a failed fault: every node running and thawed.
+    pub fn heal_all(&self) {
+        for n in Self::NODES {
+            match self.pid(n) {
+                Ok(pid) => {
+                    let _ = signal(pid, "CONT");
+                }
+                Err(_) => {
+                    let _ = self.start(n);
+                }
+            }
+        }
+    }
+
+    /// Moves the leadership of every partition of `topics` to another
+    /// in-sync replica (reordered replicas, then a preferred election);
+    /// returns the script's "moved M of N partitions".
+    pub fn move_leaders(&self, topics: &[&str]) -> anyhow::Result<String> {
+        let mut args = vec!["brokers3-move-leaders"];
+        args.extend_from_slice(topics);
+        let out = Command::new(&self.stack_cmd)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running dev-stack brokers3-move-leaders")?;
+        if !out.status.success() {
+            bail!(
+                "brokers3-move-leaders: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}

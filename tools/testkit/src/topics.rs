@@ -25,6 +25,19 @@ pub struct Topic<'a> {
 /// Creates the topics (an existing one is kept) and waits up to `wait`
 /// until every partition has a leader.
 pub async fn create(brokers: &str, topics: &[Topic<'_>], wait: Duration) -> anyhow::Result<()> {
+    create_replicated(brokers, topics, wait, 1).await
+}
+
+/// [`create`] with `replication` replicas per partition; with more than one,
+/// `min.insync.replicas` is one less (a write with `acks=all` then needs two
+/// of three replicas, and survives one broker down).
+pub async fn create_replicated(
+    brokers: &str,
+    topics: &[Topic<'_>],
+    wait: Duration,
+    replication: i32,
+) -> anyhow::Result<()> {
+    let min_isr = (replication - 1).max(1).to_string();
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
@@ -32,7 +45,10 @@ pub async fn create(brokers: &str, topics: &[Topic<'_>], wait: Duration) -> anyh
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| {
-            let n = NewTopic::new(t.name, t.partitions, TopicReplication::Fixed(1));
+            let mut n = NewTopic::new(t.name, t.partitions, TopicReplication::Fixed(replication));
+            if replication > 1 {
+                n = n.set("min.insync.replicas", &min_isr);
+            }
             if t.append_time {
                 n.set("message.timestamp.type", "LogAppendTime")
             } else {
