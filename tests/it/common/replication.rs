@@ -140,7 +140,7 @@ async fn wait_ping(port: u16) {
 pub use deductor_testkit::proxy::{Link, LinkProxy};
 
 /// A primary (behind a [`LinkProxy`]) and one replica, optionally watched by
-/// three sentinels (quorum 2, down after 1 s).
+/// three sentinels (quorum 2, down after 2 s).
 pub struct Replicated {
     pub dir: tempfile::TempDir,
     pub primary: Proc,

@@ -1,5 +1,5 @@
 //! Replicated Redis for the failover fault: two data nodes, each behind a
-//! [`LinkProxy`] of its own, and three sentinels (quorum 2, down after 1 s).
+//! [`LinkProxy`] of its own, and three sentinels (quorum 2, down after 2 s).
 //! The replica replicates through the primary's proxy, which can stall the
 //! replication stream (the bytes stay unsent, as on a congested link) and
 //! then cut it, so that writes the primary acknowledged never reach the
@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use deductor_testkit::proxy::{Link, LinkProxy};
-use deductor_testkit::redis_cli::{cli, cluster_create, cluster_in_sync, cluster_url};
+use deductor_testkit::redis_cli::{
+    cli, cluster_create, cluster_in_sync, cluster_primaries, cluster_url,
+};
 use deductor_testkit::sentinel;
 
 use crate::stack::Redis;
@@ -302,16 +304,9 @@ impl ReplicatedCluster {
         let mut nodes = Vec::new();
         let mut proxies = Vec::new();
         for i in 0..6u16 {
-            let (data, proxy) = (port + 30 + i, port + 40 + i);
-            let mut r = Redis::new(repo, &dir.join(format!("redis-{i}")), data, None)?;
-            r.configure(&format!(
-                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n\
-                 cluster-port {bus}\ncluster-announce-ip 127.0.0.1\ncluster-announce-port {proxy}\n\
-                 cluster-announce-bus-port {bus}\nreplica-announce-port {proxy}\n",
-                bus = proxy + 10_000
-            ))?;
-            proxies.push(LinkProxy::start(proxy, data).await?);
-            tokio::task::block_in_place(|| r.start())?;
+            let (r, p) =
+                cluster_node(repo, dir, usize::from(i), port + 30 + i, port + 40 + i).await?;
+            proxies.push(p);
             nodes.push(Arc::new(Mutex::new(r)));
         }
         let addrs: Vec<String> = proxies
@@ -353,24 +348,12 @@ impl ReplicatedCluster {
     /// The primaries: (node id, index), from `CLUSTER NODES` of node 0 (or
     /// the first that answers).
     fn primaries(&self) -> Vec<(String, usize)> {
-        let nodes = (0..self.nodes.len())
-            .map(|i| cli(self.port(i), &["CLUSTER", "NODES"]))
-            .find(|s| !s.is_empty())
-            .unwrap_or_default();
-        nodes
-            .lines()
-            .filter_map(|line| {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                if f.len() < 3 || !f[2].contains("master") || f[2].contains("fail") {
-                    return None;
-                }
-                let port: u16 = f[1]
-                    .split(['@', ','])
-                    .next()
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse().ok())?;
-                Some((f[0].to_owned(), self.by_proxy(port)?))
-            })
+        (0..self.nodes.len())
+            .map(|i| cluster_primaries(self.port(i)))
+            .find(|p| !p.is_empty())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| Some((p.id, self.by_proxy(p.port)?)))
             .collect()
     }
 
@@ -492,15 +475,8 @@ impl ReplicatedCluster {
         for i in first..first + 2 {
             let off = i as u16;
             let (data, proxy) = (self.base_port + 30 + off, self.base_port + 50 + off);
-            let mut r = Redis::new(&self.repo, &self.dir.join(format!("redis-{i}")), data, None)?;
-            r.configure(&format!(
-                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n\
-                 cluster-port {bus}\ncluster-announce-ip 127.0.0.1\ncluster-announce-port {proxy}\n\
-                 cluster-announce-bus-port {bus}\nreplica-announce-port {proxy}\n",
-                bus = proxy + 10_000
-            ))?;
-            self.proxies.push(LinkProxy::start(proxy, data).await?);
-            tokio::task::block_in_place(|| r.start())?;
+            let (r, p) = cluster_node(&self.repo, &self.dir, i, data, proxy).await?;
+            self.proxies.push(p);
             self.nodes.push(Arc::new(Mutex::new(r)));
             added.push(proxy);
         }
@@ -650,6 +626,28 @@ impl ReplicatedCluster {
             }
         }
     }
+}
+
+/// Cluster node `i` of the run: its data port `data`, behind a
+/// [`LinkProxy`] on `proxy` which it announces (the bus on `proxy` + 10000),
+/// started and answering.
+async fn cluster_node(
+    repo: &Path,
+    dir: &Path,
+    i: usize,
+    data: u16,
+    proxy: u16,
+) -> anyhow::Result<(Redis, LinkProxy)> {
+    let mut r = Redis::new(repo, &dir.join(format!("redis-{i}")), data, None)?;
+    r.configure(&format!(
+        "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n\
+         cluster-port {bus}\ncluster-announce-ip 127.0.0.1\ncluster-announce-port {proxy}\n\
+         cluster-announce-bus-port {bus}\nreplica-announce-port {proxy}\n",
+        bus = proxy + 10_000
+    ))?;
+    let p = LinkProxy::start(proxy, data).await?;
+    tokio::task::block_in_place(|| r.start())?;
+    Ok((r, p))
 }
 
 /// Until `redis-cli --cluster check` through `node` passes (every node

@@ -10,17 +10,23 @@ pub const SERVICE: &str = "deductor";
 
 /// Writes `dir/sentinel.conf` (creating `dir`) for a sentinel on `port`
 /// that monitors [`SERVICE`] at 127.0.0.1:`primary_port` (quorum 2, down
-/// after 1 s, failover timeout 3 s, one replica resyncing at a time), then
+/// after 2 s, failover timeout 10 s, one replica resyncing at a time), then
 /// the lines `extra` (credentials), and starts `redis-server --sentinel` on
 /// it with its output discarded. Its log is `dir/sentinel.log`.
+///
+/// Down after 2 s and a 10 s failover timeout, not less: on a loaded 2-core
+/// machine, sentinels with 1 s and 3 s judged the new primary down right
+/// after a failover and failed over again, back to the old primary as it
+/// restarted as a replica, and the replication test waiting for it to sync
+/// timed out (CI, `ledger::replication::with_the_gate_a_failover_loses_no_acknowledged_deduction`).
 pub fn start(dir: &Path, port: u16, primary_port: u16, extra: &str) -> io::Result<Child> {
     std::fs::create_dir_all(dir)?;
     let conf = dir.join("sentinel.conf");
     let text = format!(
         "port {port}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\n\
          sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
-         sentinel down-after-milliseconds {SERVICE} 1000\n\
-         sentinel failover-timeout {SERVICE} 3000\n\
+         sentinel down-after-milliseconds {SERVICE} 2000\n\
+         sentinel failover-timeout {SERVICE} 10000\n\
          sentinel parallel-syncs {SERVICE} 1\n{extra}",
         dir.display()
     );
