@@ -414,3 +414,48 @@ pub async fn finish_child(
         kafka::read_all(&f.topics.dlq).await,
     )
 }
+
+/// A GET through the service's own HTTP client: (status code, body), None
+/// when nothing answers.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    deductor::admin::healthcheck::fetch(&format!("http://{addr}{path}"))
+        .await
+        .ok()
+        .map(|r| (r.status, r.body))
+}
+
+pub fn free_local_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// Polls `path` until `want` holds for its answer; fails with the child's log.
+pub async fn wait_probe(
+    child: &mut ChildService,
+    addr: &str,
+    path: &str,
+    within: Duration,
+    want: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        child.assert_running();
+        if let Some((code, body)) = http_get(addr, path).await {
+            if want(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never answered as wanted within {within:?} (last: {last:?}); log:\n{}",
+            child.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

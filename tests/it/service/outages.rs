@@ -230,51 +230,6 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
     f.cleanup().await;
 }
 
-/// A GET through the service's own HTTP client: (status code, body), None
-/// when nothing answers.
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    deductor::admin::healthcheck::fetch(&format!("http://{addr}{path}"))
-        .await
-        .ok()
-        .map(|r| (r.status, r.body))
-}
-
-fn free_local_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
-}
-
-/// Polls `path` until `want` holds for its answer; fails with the child's log.
-async fn wait_probe(
-    child: &mut service::ChildService,
-    addr: &str,
-    path: &str,
-    within: Duration,
-    want: impl Fn(u16, &str) -> bool,
-) -> (u16, String) {
-    let deadline = Instant::now() + within;
-    let mut last = None;
-    loop {
-        child.assert_running();
-        if let Some((code, body)) = get(addr, path).await {
-            if want(code, &body) {
-                return (code, body);
-            }
-            last = Some((code, body));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never answered as wanted within {within:?} (last: {last:?}); log:\n{}",
-            child.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// A dependency down at start is waited out, and the probes say so: the
 /// HTTP server is up before anything else, `/healthz` is 200 however long
 /// the wait (past `http.stall_timeout_secs`: a liveness probe must not
@@ -289,7 +244,7 @@ async fn probes_while_down_at_start(
 ) {
     let exclusive = crate::common::stack_exclusive().await;
     let f = Fixture::within(&exclusive, label, 2).await;
-    let addr = free_local_addr();
+    let addr = service::free_local_addr();
     let mut settings = vec![
         ("http.listen", addr.as_str()),
         ("http.stall_timeout_secs", "1"),
@@ -305,17 +260,21 @@ async fn probes_while_down_at_start(
     let mut child = service::spawn(&env, &["run"]);
 
     let waiting = format!("waiting for {dependency}");
-    let (_, body) = wait_probe(&mut child, &addr, "/readyz", WAIT, |code, body| {
+    let (_, body) = service::wait_probe(&mut child, &addr, "/readyz", WAIT, |code, body| {
         code == 503 && body.contains(&waiting)
     })
     .await;
     assert!(body.contains(dependency), "/readyz: {body}");
     // Well past the stall timeout, the wait is still alive.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, body) = get(&addr, "/healthz").await.expect("GET /healthz");
+    let (code, body) = service::http_get(&addr, "/healthz")
+        .await
+        .expect("GET /healthz");
     assert_eq!(code, 200, "/healthz while waiting: {body}");
     assert!(body.contains(&waiting), "/healthz: {body}");
-    let (code, body) = get(&addr, "/readyz").await.expect("GET /readyz");
+    let (code, body) = service::http_get(&addr, "/readyz")
+        .await
+        .expect("GET /readyz");
     assert_eq!(code, 503, "/readyz while waiting: {body}");
     assert!(
         body.contains(dependency),
@@ -324,9 +283,12 @@ async fn probes_while_down_at_start(
 
     down.start();
     assert!(service::listening(&down_addr), "{down_addr} is back");
-    let (_, body) = wait_probe(&mut child, &addr, "/readyz", WAIT, |code, _| code == 200).await;
+    let (_, body) =
+        service::wait_probe(&mut child, &addr, "/readyz", WAIT, |code, _| code == 200).await;
     assert!(body.contains("ready"), "{body}");
-    let (code, body) = get(&addr, "/healthz").await.expect("GET /healthz");
+    let (code, body) = service::http_get(&addr, "/healthz")
+        .await
+        .expect("GET /healthz");
     assert_eq!(code, 200, "/healthz once running: {body}");
     let status = child.terminate(Duration::from_secs(60));
     assert!(status.success(), "exit after SIGTERM: {status}");

@@ -23,54 +23,26 @@ use crate::common::replication::{cli, ReplicatedCluster};
 use crate::common::{kafka, service};
 use deductor::admin::PromoSpec;
 use deductor::domain::event::Id;
+use deductor_testkit::redis_cli::cluster_primaries;
 use serde_json::{json, Value};
 
 const AT: &str = "2026-11-29T10:00:00Z";
 const PROMOS: [&str; 4] = ["hot", "p2", "p3", "p4"];
 
-/// `(node id, port)` of the primary serving `slot`, from `CLUSTER NODES`.
+/// `(node id, port)` of the primary serving `slot`.
 fn owner(port: u16, slot: u16) -> (String, u16) {
-    let nodes = cli(port, &["CLUSTER", "NODES"]);
-    for line in nodes.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 9 || !f[2].contains("master") {
-            continue;
-        }
-        let serves = f[8..].iter().any(|r| {
-            let mut ends = r.split('-');
-            let lo: Option<u16> = ends.next().and_then(|s| s.parse().ok());
-            let hi: Option<u16> = ends.next().and_then(|s| s.parse().ok()).or(lo);
-            matches!((lo, hi), (Some(lo), Some(hi)) if lo <= slot && slot <= hi)
-        });
-        if serves {
-            let p = f[1]
-                .split(['@', ','])
-                .next()
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| p.parse().ok())
-                .unwrap_or_else(|| panic!("node address {:?}", f[1]));
-            return (f[0].to_owned(), p);
-        }
-    }
-    panic!("no primary serves slot {slot}:\n{nodes}");
+    cluster_primaries(port)
+        .into_iter()
+        .find(|p| p.serves(slot))
+        .map(|p| (p.id, p.port))
+        .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
 }
 
 /// The primaries' `(node id, port)`.
 fn primaries(port: u16) -> Vec<(String, u16)> {
-    cli(port, &["CLUSTER", "NODES"])
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() >= 3 && f[2].contains("master")).then(|| {
-                let p = f[1]
-                    .split(['@', ','])
-                    .next()
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse().ok())
-                    .unwrap_or(0);
-                (f[0].to_owned(), p)
-            })
-        })
+    cluster_primaries(port)
+        .into_iter()
+        .map(|p| (p.id, p.port))
         .collect()
 }
 

@@ -22,34 +22,6 @@ use serde_json::json;
 
 const AT: &str = "2026-11-29T10:00:00Z";
 
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    deductor::admin::healthcheck::fetch(&format!("http://{addr}{path}"))
-        .await
-        .ok()
-        .map(|r| (r.status, r.body))
-}
-
-/// Polls `path` until `want` holds; the last answer.
-async fn wait_for(
-    addr: &str,
-    path: &str,
-    within: Duration,
-    want: impl Fn(u16, &str) -> bool,
-) -> (u16, String) {
-    let deadline = Instant::now() + within;
-    let mut last = None;
-    while Instant::now() < deadline {
-        if let Some((code, body)) = get(addr, path).await {
-            if want(code, &body) {
-                return (code, body);
-            }
-            last = Some((code, body));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("{path} never as wanted within {within:?}; last answer {last:?}");
-}
-
 fn placed(n: usize) -> serde_json::Value {
     json!({"type": "OrderPlaced", "event_id": format!("e{n}"), "order_id": format!("o{n}"),
         "customer_id": "c1", "occurred_at": AT,
@@ -79,10 +51,7 @@ async fn a_wedged_client_is_reconnected_then_fails_liveness_and_recovers() {
         .keys()
         .promotion(&deductor::domain::event::Id::parse("flash").expect("id"));
     ledger.quit().await;
-    let http = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
-    };
+    let http = service::free_local_addr();
     let env = f.env(&[
         ("http.listen", http.as_str()),
         // The liveness bound after a reconnection is this, when shorter
@@ -92,21 +61,39 @@ async fn a_wedged_client_is_reconnected_then_fails_liveness_and_recovers() {
         ("retry.initial_interval_ms", "100"),
         ("retry.max_interval_ms", "500"),
     ]);
-    let svc = service::spawn(&env, &["run"]);
+    let mut svc = service::spawn(&env, &["run"]);
     kafka::produce_events(&f.topics.input, &[placed(1)]).await;
     kafka::read_n(&f.topics.outcome, 1, Duration::from_secs(60)).await;
-    wait_for(&http, "/healthz", Duration::from_secs(10), |c, _| c == 200).await;
+    service::wait_probe(
+        &mut svc,
+        &http,
+        "/healthz",
+        Duration::from_secs(10),
+        |c, _| c == 200,
+    )
+    .await;
 
     // The wedge: the next event's calls time out; a new connection answers.
     proxy.wedge_scripts();
     let wedged_at = Instant::now();
     kafka::produce_events(&f.topics.input, &[placed(2)]).await;
-    let (_, ready) = wait_for(&http, "/readyz", Duration::from_secs(30), |c, b| {
-        c == 503 && b.contains("wedged client")
-    })
+    let (_, ready) = service::wait_probe(
+        &mut svc,
+        &http,
+        "/readyz",
+        Duration::from_secs(30),
+        |c, b| c == 503 && b.contains("wedged client"),
+    )
     .await;
     assert!(ready.contains("redis"), "{ready}");
-    let (_, why) = wait_for(&http, "/healthz", Duration::from_secs(60), |c, _| c == 503).await;
+    let (_, why) = service::wait_probe(
+        &mut svc,
+        &http,
+        "/healthz",
+        Duration::from_secs(60),
+        |c, _| c == 503,
+    )
+    .await;
     assert!(why.contains("wedged"), "{why}");
     let took = wedged_at.elapsed();
     // Suspected after 5 s, reconnected, then 10 s more: never at once.
@@ -114,7 +101,14 @@ async fn a_wedged_client_is_reconnected_then_fails_liveness_and_recovers() {
         took >= Duration::from_secs(10),
         "/healthz failed after only {took:?}"
     );
-    let (_, metrics) = wait_for(&http, "/metrics", Duration::from_secs(5), |c, _| c == 200).await;
+    let (_, metrics) = service::wait_probe(
+        &mut svc,
+        &http,
+        "/metrics",
+        Duration::from_secs(5),
+        |c, _| c == 200,
+    )
+    .await;
     let reconnects: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("deductor_redis_pool_reconnects_total "))
@@ -132,7 +126,14 @@ async fn a_wedged_client_is_reconnected_then_fails_liveness_and_recovers() {
 
     // The calls answer again: alive, and the event decided once.
     proxy.flow();
-    wait_for(&http, "/healthz", Duration::from_secs(60), |c, _| c == 200).await;
+    service::wait_probe(
+        &mut svc,
+        &http,
+        "/healthz",
+        Duration::from_secs(60),
+        |c, _| c == 200,
+    )
+    .await;
     let outcomes =
         kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| r.len() >= 2).await;
     let (_, dlq) = service::finish_child(&f, svc, Duration::from_secs(30)).await;

@@ -356,33 +356,18 @@ async fn audit_refuses_a_slot_being_migrated() {
     let port0 = cluster.nodes[0].port;
     let slot = cli(port0, &["CLUSTER", "KEYSLOT", &key]);
     // The primaries: the slot's owner and another one.
-    let nodes = cli(port0, &["CLUSTER", "NODES"]);
-    let primaries: Vec<(String, u16, bool)> = nodes
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() < 3 || !f[2].contains("master") {
-                return None;
-            }
-            let port: u16 = f[1]
-                .split(['@', ','])
-                .next()?
-                .rsplit(':')
-                .next()?
-                .parse()
-                .ok()?;
-            let n: u64 = cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &slot])
-                .parse()
-                .ok()?;
-            Some((f[0].to_owned(), port, n > 0))
-        })
-        .collect();
-    let (source_id, source, _) = primaries.iter().find(|x| x.2).cloned().expect("the owner");
-    let (target_id, target, _) = primaries
+    let slot_n: u16 = slot.parse().expect("a slot number");
+    let primaries = deductor_testkit::redis_cli::cluster_primaries(port0);
+    let owner = primaries
         .iter()
-        .find(|x| !x.2)
-        .cloned()
+        .find(|p| p.serves(slot_n))
+        .expect("the owner");
+    let other = primaries
+        .iter()
+        .find(|p| !p.serves(slot_n))
         .expect("another primary");
+    let (source_id, source) = (owner.id.clone(), owner.port);
+    let (target_id, target) = (other.id.clone(), other.port);
     let before = audit_one(&ledger, &p).await.expect("audit before");
     assert!(before.breaches.is_empty(), "{before:?}");
 

@@ -456,14 +456,7 @@ async fn a_lost_redis_dataset_is_warned_by_check_and_run_and_fails_audit() {
     );
 
     // The group decides an event and commits it.
-    let e1 = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
-        "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
-        "lines": [{"promotion_id": "p", "stock": 1}]});
-    kafka::produce_events(&f.topics.input, &[e1]).await;
-    let svc = service::start(f.settings(&[]));
-    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
-        .await;
-    svc.stop(Duration::from_secs(30)).await.0.unwrap();
+    decide_one_placement_of_p(&f).await;
 
     let o = deductor(&f.env(&[]), &["check"]).await;
     assert_exit(&o, 0, "check of an intact dataset");
@@ -538,14 +531,7 @@ async fn a_lost_dataset_set_again_is_told_by_the_marker_the_commits_name() {
     };
     f.promo(&ledger, "p", spec.clone()).await;
     let first = ledger.ledger_marker().await.unwrap().expect("a marker");
-    let e1 = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
-        "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
-        "lines": [{"promotion_id": "p", "stock": 1}]});
-    kafka::produce_events(&f.topics.input, &[e1]).await;
-    let svc = service::start(f.settings(&[]));
-    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
-        .await;
-    svc.stop(Duration::from_secs(30)).await.0.unwrap();
+    decide_one_placement_of_p(&f).await;
     let o = deductor(&f.env(&[]), &["audit"]).await;
     assert_exit(&o, 0, "audit of the intact dataset");
 
@@ -585,4 +571,17 @@ async fn a_lost_dataset_set_again_is_told_by_the_marker_the_commits_name() {
     );
     ledger.quit().await;
     f.cleanup().await;
+}
+
+/// One placement on promotion `p`, decided and committed by the service
+/// (in-process), which is then stopped.
+async fn decide_one_placement_of_p(f: &Fixture) {
+    let e1 = serde_json::json!({"type": "OrderPlaced", "event_id": "e1", "order_id": "o1",
+        "customer_id": "c", "occurred_at": "2026-11-29T10:00:00Z",
+        "lines": [{"promotion_id": "p", "stock": 1}]});
+    kafka::produce_events(&f.topics.input, &[e1]).await;
+    let svc = service::start(f.settings(&[]));
+    kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, Duration::from_secs(60))
+        .await;
+    svc.stop(Duration::from_secs(30)).await.0.unwrap();
 }
