@@ -282,6 +282,22 @@ impl Redis {
     }
 }
 
+/// A broker's pid from dev-stack's pidfile `file`, checked against its
+/// command line (`kafka.Kafka`) so that a recycled pid is never signalled.
+fn broker_pid(file: &Path) -> anyhow::Result<u32> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let pid: u32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{}: not a pid", file.display()))?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !String::from_utf8_lossy(&cmdline).contains("kafka.Kafka") {
+        bail!("pid {pid} of {} is not a Kafka broker", file.display());
+    }
+    Ok(pid)
+}
+
 /// Sends `sig` (a name: STOP, CONT, ...) to `pid`.
 pub fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
     sh("kill", &[&format!("-{sig}"), &pid.to_string()])
@@ -299,18 +315,7 @@ impl Broker {
     /// The broker's pid, from dev-stack's pidfile, checked against its
     /// command line so that a recycled pid is never signalled.
     fn pid(&self) -> anyhow::Result<u32> {
-        let file = self.stack_dir.join("kafka/kafka.pid");
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let pid: u32 = text
-            .trim()
-            .parse()
-            .with_context(|| format!("{}: not a pid", file.display()))?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmdline).contains("kafka.Kafka") {
-            bail!("pid {pid} of {} is not the broker", file.display());
-        }
-        Ok(pid)
+        broker_pid(&self.stack_dir.join("kafka/kafka.pid"))
     }
 
     /// SIGSTOP: connections stay open, nothing is acknowledged (produces,
@@ -409,18 +414,7 @@ impl Cluster3 {
     /// Node `n`'s pid, from dev-stack's pidfile, checked against its command
     /// line so that a recycled pid is never signalled.
     fn pid(&self, n: i32) -> anyhow::Result<u32> {
-        let file = self.stack_dir.join(format!("brokers3/node-{n}/kafka.pid"));
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let pid: u32 = text
-            .trim()
-            .parse()
-            .with_context(|| format!("{}: not a pid", file.display()))?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmdline).contains("kafka.Kafka") {
-            bail!("pid {pid} of {} is not a broker", file.display());
-        }
-        Ok(pid)
+        broker_pid(&self.stack_dir.join(format!("brokers3/node-{n}/kafka.pid")))
     }
 
     fn stack(&self, args: &[&str]) -> anyhow::Result<()> {
