@@ -25,6 +25,7 @@ pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const TRANSACTIONS: &str = "deductor_transactions_total";
+pub const PRODUCER_RENEWALS: &str = "deductor_producer_renewals_total";
 pub const BATCH_LINES: &str = "deductor_batch_lines";
 pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
@@ -98,6 +99,10 @@ pub fn describe() {
         "Refund lines whose event named another customer than the deduction's (applied to the deduction's)."
     );
     describe_counter!(COMMITS, "Offset commits, by result (ok, error).");
+    describe_counter!(
+        PRODUCER_RENEWALS,
+        "exactly_once: transactional producers replaced under the same transactional.id, by cause (fatal: librdkafka's fatal error; hung: a transaction call that did not return, or a revoke that gave up waiting for one)."
+    );
     describe_histogram!(
         REDIS_WAIT,
         Unit::Seconds,
@@ -158,6 +163,10 @@ pub fn batch_lines(n: usize) {
 
 pub fn transaction(result: &'static str) {
     counter!(TRANSACTIONS, "result" => result).increment(1);
+}
+
+pub fn producer_renewal(cause: &'static str) {
+    counter!(PRODUCER_RENEWALS, "cause" => cause).increment(1);
 }
 
 pub fn assigned(n: usize) {

@@ -202,6 +202,9 @@ kafka_tls_certs() {
 
 # server.properties = static config/dev-stack/kafka-server.properties + the
 # lines that depend on ports and paths (rewritten at every start).
+# DEDUCTOR_KAFKA_ADVERTISED_PORT (tests only): the PLAINTEXT listener is
+# advertised on that port instead, where a test's proxy relays to it
+# (tests/it/service/hung_transaction.rs); the next start without it undoes it.
 kafka_write_config() {
     mkdir -p "$KAFKA_DATA" "$KAFKA_LOGS"
     {
@@ -210,7 +213,7 @@ kafka_write_config() {
         echo
         echo "# --- machine-specific (scripts/dev-stack) ---"
         echo "listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SASL_SSL://127.0.0.1:$KAFKA_TLS_PORT"
-        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SASL_SSL://127.0.0.1:$KAFKA_TLS_PORT"
+        echo "advertised.listeners=PLAINTEXT://127.0.0.1:${DEDUCTOR_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT},SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SASL_SSL://127.0.0.1:$KAFKA_TLS_PORT"
         echo "listener.name.sasl_ssl.ssl.keystore.type=PEM"
         echo "listener.name.sasl_ssl.ssl.keystore.location=$KAFKA_TLS_DIR/broker-keystore.pem"
         echo "listener.name.sasl_ssl.ssl.key.password=$KAFKA_TLS_KEY_PASSWORD"

@@ -30,9 +30,22 @@
 //!   old one left open), swapped in for every sender, and a rewind as
 //!   above. Only a producer that cannot be created or registered at all
 //!   (configuration, authorization) stops the service.
+//! - **A hung call.** librdkafka's transaction calls can ignore their
+//!   timeout when the transaction coordinator goes away (librdkafka #5456,
+//!   #5511). Each call runs on a thread of its own ([`Transactions::call`]);
+//!   one that has not returned [`HUNG_MARGIN`] after its timeout is
+//!   abandoned (left on its thread, never awaited again; it holds no lock of
+//!   ours, only a clone of its producer) and its producer renewed as above:
+//!   the new producer's `init_transactions` bumps the epoch, which fences the
+//!   hung one and aborts its transaction, and the pipeline rewinds. A revoke
+//!   waits for a boundary in progress at most as long
+//!   ([`Transactions::abort_on_revoke`]), then leaves the renewal to the
+//!   next boundary. Only a renewal that hangs too ends the process (the
+//!   pipeline's "boundary has not returned" exit).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaResult;
@@ -46,6 +59,10 @@ use super::commit::commit_list;
 use super::offsets::Offsets;
 use super::publisher::PublisherContext;
 use crate::metrics;
+
+/// How long past its own timeout a transaction call may run before it is
+/// taken as hung and abandoned (see the module comment).
+pub const HUNG_MARGIN: Duration = Duration::from_secs(5);
 
 /// What an event carries to publish inside the transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +107,9 @@ pub struct Transactions {
     doomed: AtomicBool,
     /// The producer cannot be used again: the next boundary renews it.
     poisoned: AtomicBool,
+    /// ... because a call of it hung (or a revoke gave up waiting for one):
+    /// the renewal's cause for the metric.
+    stuck: AtomicBool,
     /// Renewals one after another (each within a minute of the last), for
     /// their backoff: two processes fencing each other's producers under one
     /// `transactional.id` must not do it in a tight loop.
@@ -103,8 +123,48 @@ pub struct Transactions {
     stall: Duration,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock`], waiting at most `within`; `None` when still held by then.
+fn lock_within<T>(m: &Mutex<T>, within: Duration) -> Option<MutexGuard<'_, T>> {
+    let deadline = Instant::now() + within;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
+/// Runs `op` on a thread of its own and waits for it at most `within`.
+/// `None` when it has not returned by then: the thread is left to itself
+/// (whatever it returns later is dropped). `op` must hold nothing the
+/// caller needs back.
+fn run_within<R: Send + 'static>(
+    name: &str,
+    within: Duration,
+    op: impl FnOnce() -> R + Send + 'static,
+) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = tx.send(op());
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "could not start a thread for a kafka transaction call");
+        return None;
+    }
+    match rx.recv_timeout(within) {
+        Ok(r) => Some(r),
+        Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+    }
 }
 
 impl Transactions {
@@ -134,6 +194,7 @@ impl Transactions {
             gate: Arc::new(Gate::new(())),
             doomed: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            stuck: AtomicBool::new(false),
             renewals: Mutex::new((0, None)),
             timeout,
             stop_by: Mutex::new(None),
@@ -180,6 +241,39 @@ impl Transactions {
     /// The current producer.
     fn producer(&self) -> FutureProducer<PublisherContext> {
         read(&self.producer)
+    }
+
+    /// How long a transaction call may run before it is taken as hung: its
+    /// own timeout and [`HUNG_MARGIN`].
+    fn hung_after(&self) -> Duration {
+        self.timeout + HUNG_MARGIN
+    }
+
+    /// One librdkafka transaction call (`what`, for the log) of `producer`,
+    /// on a thread of its own. One that has not returned within
+    /// [`Transactions::hung_after`] is abandoned and its producer poisoned
+    /// (the caller renews it, which fences the hung call's transaction);
+    /// it then fails with `Canceled`, which is not retried.
+    fn call(
+        &self,
+        what: &'static str,
+        producer: &FutureProducer<PublisherContext>,
+        op: impl FnOnce(&FutureProducer<PublisherContext>) -> KafkaResult<()> + Send + 'static,
+    ) -> KafkaResult<()> {
+        let p = producer.clone();
+        let within = self.hung_after();
+        match run_within("kafka-txn-call", within, move || op(&p)) {
+            Some(r) => r,
+            None => {
+                self.stuck.store(true, Ordering::SeqCst);
+                self.poison(&format!(
+                    "{what} has not returned after {} s (librdkafka ignores its timeout when the \
+                     transaction coordinator goes away): the call is abandoned",
+                    within.as_secs()
+                ));
+                Err(KafkaError::Canceled)
+            }
+        }
     }
 
     fn epoch(&self) -> u64 {
@@ -247,10 +341,26 @@ impl Transactions {
     /// Aborts the open transaction and opens the next: called with `ops`
     /// held. Partitions whose outcomes were in it must have been closed
     /// in [`Offsets`] (revoked, or all of them for a rewind) before.
-    fn abort_locked(&self, why: &str, deadline: Option<Instant>) -> Result<(), KafkaError> {
+    /// Its retries end after `stall` (then the producer is renewed).
+    fn abort_locked(
+        &self,
+        why: &str,
+        deadline: Option<Instant>,
+        stall: Duration,
+    ) -> Result<(), KafkaError> {
         *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
+        if self.poisoned.load(Ordering::SeqCst) {
+            // A call of it hung, or it reported a fatal error: nothing to
+            // abort with; its renewal aborts the transaction.
+            return Err(KafkaError::Canceled);
+        }
         let producer = self.producer();
-        self.retrying(deadline, None, || producer.abort_transaction(self.timeout))?;
+        let timeout = self.timeout;
+        self.retrying(deadline, Some(stall), || {
+            self.call("abort_transaction", &producer, move |p| {
+                p.abort_transaction(timeout)
+            })
+        })?;
         self.doomed.store(false, Ordering::SeqCst);
         producer.begin_transaction()?;
         metrics::transaction("aborted");
@@ -262,18 +372,35 @@ impl Transactions {
     /// with an eager assignor) and closed first, so no event of theirs can
     /// publish into the next transaction. An abort that fails leaves the
     /// producer to be replaced by the next boundary (nothing of the revoked
-    /// partitions can be committed meanwhile: they are closed). Blocking.
+    /// partitions can be committed meanwhile: they are closed). Blocking,
+    /// but bounded: this runs on the consumer's thread, inside the
+    /// rebalance callback, so it waits for a boundary in progress at most
+    /// [`Transactions::hung_after`]. Past that the producer is poisoned (the
+    /// next boundary renews it, which fences and aborts the transaction of
+    /// the boundary still running) and the revoke goes on: that transaction
+    /// holds only events that finished before it, and its offsets commit
+    /// with the group's old generation or not at all (the next owner's
+    /// read of the committed offsets waits for it to end, KIP-447).
     pub fn abort_on_revoke(&self, parts: &[i32]) {
         for p in parts {
             self.offsets.close(*p);
         }
-        let _ops = lock(&self.ops);
+        let wait = self.hung_after();
+        let Some(_ops) = lock_within(&self.ops, wait) else {
+            *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
+            self.stuck.store(true, Ordering::SeqCst);
+            self.poison(&format!(
+                "a revoke waited {} s for a transaction boundary that has not returned",
+                wait.as_secs()
+            ));
+            return;
+        };
         if self.poisoned.load(Ordering::SeqCst) {
             // Already unusable: the next boundary renews it.
             *self.epoch.write().unwrap_or_else(|p| p.into_inner()) += 1;
             return;
         }
-        if let Err(e) = self.abort_locked("partitions revoked", None) {
+        if let Err(e) = self.abort_locked("partitions revoked", None, self.timeout) {
             self.poison(&format!("aborting the transaction on revoke: {e}"));
         }
     }
@@ -325,14 +452,21 @@ impl Transactions {
         let list = commit_list(&self.topic, &commits, &self.offsets.commit_metadata())?;
         let producer = self.producer();
         let stall = Some(self.stall);
+        let timeout = self.timeout;
+        let metadata = Arc::new(metadata);
         let sent = self.retrying(deadline, stall, || {
-            producer.send_offsets_to_transaction(&list, &metadata, self.timeout)
+            let (list, metadata) = (list.clone(), metadata.clone());
+            self.call("send_offsets_to_transaction", &producer, move |p| {
+                p.send_offsets_to_transaction(&list, &metadata, timeout)
+            })
         });
         if let Err(e) = sent {
             return self.failed("sending the offsets to the transaction", e, deadline);
         }
         if let Err(e) = self.retrying(deadline, stall, || {
-            producer.commit_transaction(self.timeout)
+            self.call("commit_transaction", &producer, move |p| {
+                p.commit_transaction(timeout)
+            })
         }) {
             return self.failed("committing the transaction", e, deadline);
         }
@@ -361,10 +495,16 @@ impl Transactions {
         deadline: Option<Instant>,
     ) -> Result<Boundary, KafkaError> {
         metrics::commit(false);
-        if fatal(&e) {
+        if fatal(&e) || self.poisoned.load(Ordering::SeqCst) {
             if deadline.is_some() {
                 // At shutdown: nothing to renew for.
                 return Err(e);
+            }
+            if matches!(e, KafkaError::Canceled) && self.stuck.load(Ordering::SeqCst) {
+                return self.renew_locked(
+                    &format!("{what}: the call hung and was abandoned"),
+                    deadline,
+                );
             }
             return self.renew_locked(&format!("{what}: {e}"), deadline);
         }
@@ -376,7 +516,7 @@ impl Transactions {
     /// renewed (at shutdown, with a `deadline`, the error is returned).
     fn rewind(&self, why: &str, deadline: Option<Instant>) -> Result<Boundary, KafkaError> {
         self.close_all();
-        match self.abort_locked(why, deadline) {
+        match self.abort_locked(why, deadline, self.stall) {
             Ok(()) => Ok(Boundary::Rewind(why.to_owned())),
             Err(e) if deadline.is_some() => Err(e),
             Err(e) => self.renew_locked(&format!("{why}; the abort failed: {e}"), deadline),
@@ -410,7 +550,13 @@ impl Transactions {
             );
             return Err(KafkaError::Canceled);
         }
-        tracing::warn!(reason = why, "replacing the kafka producer");
+        let started = Instant::now();
+        let cause = if self.stuck.load(Ordering::SeqCst) {
+            "hung"
+        } else {
+            "fatal"
+        };
+        tracing::debug!(reason = why, cause, "replacing the kafka producer");
         let pause = self.renewal_backoff();
         if !pause.is_zero() {
             tracing::warn!(
@@ -420,7 +566,14 @@ impl Transactions {
             std::thread::sleep(pause);
         }
         let fresh = (self.make)()?;
-        self.retrying(deadline, None, || fresh.init_transactions(self.timeout))?;
+        let timeout = self.timeout;
+        self.retrying(deadline, None, || {
+            self.call(
+                "init_transactions (renewing the producer)",
+                &fresh,
+                move |p| p.init_transactions(timeout),
+            )
+        })?;
         fresh.begin_transaction()?;
         let old = {
             let _epoch = self.epoch.write().unwrap_or_else(|p| p.into_inner());
@@ -429,10 +582,15 @@ impl Transactions {
         };
         self.doomed.store(false, Ordering::SeqCst);
         self.poisoned.store(false, Ordering::SeqCst);
+        self.stuck.store(false, Ordering::SeqCst);
         metrics::transaction("renewed");
+        metrics::producer_renewal(cause);
         tracing::warn!(
             reason = why,
-            "kafka producer replaced: resuming from the committed offsets"
+            cause,
+            took_ms = started.elapsed().as_millis() as u64,
+            "kafka producer replaced: renewed under the same transactional.id (the old one is \
+             fenced, its transaction aborted); resuming from the committed offsets"
         );
         // Its destruction may wait on its broker threads: here, off the runtime.
         drop(old);
@@ -463,7 +621,7 @@ impl Transactions {
             self.commit_or_abort(metadata, deadline).map(|_| ())
         } else {
             let _ops = lock(&self.ops);
-            self.abort_locked("shutdown with unfinished events", deadline)
+            self.abort_locked("shutdown with unfinished events", deadline, limit)
         };
         if let Err(e) = result {
             tracing::warn!(error = %e, "last transaction at shutdown; its events are redone by the next owner");
@@ -499,6 +657,45 @@ fn fatal(e: &KafkaError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_within_gives_up_on_a_lock_held_past_the_wait() {
+        let m = Mutex::new(());
+        assert!(lock_within(&m, Duration::ZERO).is_some(), "a free lock");
+        let held = lock(&m);
+        assert!(
+            lock_within(&m, Duration::from_millis(50)).is_none(),
+            "held past the wait"
+        );
+        drop(held);
+        // Released during the wait: taken.
+        let m = Arc::new(Mutex::new(()));
+        let held = lock(&m);
+        let t = std::thread::spawn({
+            let m = m.clone();
+            move || lock_within(&m, Duration::from_secs(30)).is_some()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        assert!(t.join().expect("thread"), "taken once released");
+    }
+
+    #[test]
+    fn a_call_that_does_not_return_in_time_is_abandoned() {
+        assert_eq!(run_within("t", Duration::from_secs(30), || 7), Some(7));
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let r = run_within("t", Duration::from_millis(50), move || {
+            let _ = wait.recv();
+            let _ = done_tx.send(());
+            1
+        });
+        assert_eq!(r, None, "still running past the wait: abandoned");
+        // The abandoned call goes on by itself; its result is dropped.
+        release.send(()).expect("the call is still waiting");
+        done.recv_timeout(Duration::from_secs(30))
+            .expect("the abandoned call ran to its end");
+    }
 
     #[test]
     fn renewals_in_a_row_back_off_up_to_ten_seconds() {

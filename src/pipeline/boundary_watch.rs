@@ -1,14 +1,16 @@
 //! exactly_once: the backstop for a transaction boundary stuck inside
 //! librdkafka while the processing loop is blocked too.
 //!
-//! The loop itself ends a boundary that has not returned after
-//! `2 x transaction.timeout.ms + 30 s` (it exits 1 so that a new instance
-//! takes over). But a rebalance callback runs inside the loop's
+//! A hung transaction call is abandoned and the producer renewed by the
+//! boundary itself (`kafka::transaction`); the last resort, for a boundary
+//! whose renewal does not come through either, is the loop's exit after
+//! `2 x transaction.timeout.ms + 30 s` (1, so that a new instance takes
+//! over). But a rebalance callback runs inside the loop's
 //! `consumer.recv()`, and its abort of the open transaction waits for the
-//! stuck boundary: then the loop, and its timer, are blocked with it (found
-//! by the 3-broker chaos mode: a transaction coordinator SIGKILLed, one
-//! instance stuck, its group in PreparingRebalance for minutes, issue 23).
-//! This watchdog is an OS thread of its own: when a boundary has been
+//! stuck boundary (for a bounded time now; before, without end: found by
+//! the 3-broker chaos mode, a transaction coordinator SIGKILLed, one
+//! instance stuck, its group in PreparingRebalance for minutes, issue 23),
+//! blocking the loop's timer meanwhile. This watchdog is an OS thread of its own: when a boundary has been
 //! running for the loop's bound plus [`GRACE`], it logs and exits the
 //! process with 1. Nothing is lost: offsets are committed only in
 //! transactions, the open one is aborted by the broker or the next owner.

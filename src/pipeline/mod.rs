@@ -253,9 +253,10 @@ pub async fn run_with_ledger(
     txn_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut boundary: Option<JoinHandle<KafkaResult<Boundary>>> = None;
     // A boundary retries its calls for at most the transaction timeout
-    // (then aborts or renews); one that has not returned long after that is
-    // stuck inside librdkafka (its transaction calls can ignore their
-    // timeout when the coordinator goes away: librdkafka #5456, #5511).
+    // (then aborts or renews), and abandons a call that hangs inside
+    // librdkafka (librdkafka #5456, #5511) for a renewed producer; one that
+    // has not returned long after that could not even renew: the last
+    // resort is to exit so that a new instance takes over.
     let stuck_after = 2 * settings.transaction_timeout() + Duration::from_secs(30);
     let mut boundary_since = tokio::time::Instant::now();
     // The same bound from a thread of its own, for a loop blocked with the

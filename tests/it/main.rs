@@ -41,6 +41,7 @@ mod service {
     mod corrupt_release;
     mod handover;
     mod hostile_input;
+    mod hung_transaction;
     mod metrics;
     mod outages;
     mod redis_oom;

@@ -12,8 +12,11 @@
 //! - [`proxy`]: a TCP proxy that stalls or cuts Redis replication (also
 //!   used by the integration tests in `tests/it`);
 //! - [`wedge_proxy`]: a TCP proxy that wedges a Redis client's connections
-//!   while new ones still answer.
+//!   while new ones still answer;
+//! - [`kafka_wedge`]: a TCP proxy in front of a Kafka broker that wedges one
+//!   transactional producer (its calls never answered) while the others flow.
 
+pub mod kafka_wedge;
 pub mod proxy;
 pub mod redis_cli;
 pub mod rng;
