@@ -72,15 +72,15 @@ impl Script {
 const DOUBLE_DEDUCT: &str =
     "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
 
-/// TEST-ONLY (feature `mutants`): in lua/deduct_batch.lua, what a line of
-/// a coalesced batch sees as its promotion's budget: the running balance
-/// (after the lines before it), replaced by the budget read at the start of
-/// the call. A later line's own budget check then passes against money the
-/// lines before it already took (the writes still sum every line).
+/// TEST-ONLY (feature `mutants`): in lua/deduct_batch.lua, the move of the
+/// running balance when a line of a coalesced batch deducts. Without it,
+/// every later line checks its budget and stock against what was read at
+/// the start of the call, not against what the lines before it left, while
+/// the write at the end still sums every line's deduction.
 #[cfg_attr(not(feature = "mutants"), allow(dead_code))]
 const COALESCE_RUNNING: (&str, &str) = (
-    "p.budget = running(c, key, 'budget')",
-    "p.budget = c.budget0",
+    "p[field] = p[field] + tonumber(by)",
+    "-- (mutant coalesce-skip-check) the running balance stays as read",
 );
 
 /// The line that wraps lua/deduct.lua's body into a function of

@@ -569,3 +569,202 @@ fn coalesced_batches_decide_as_deduct_lua_one_by_one() {
         );
     }
 }
+
+/// deduct_batch.lua before coalescing (issue 14): deduct.lua's body per
+/// line, each line reading its promotion and writing its own HINCRBYs. Kept
+/// here only for [`measure_coalescing`]'s before/after.
+const UNCOALESCED_LOOP: &str = r#"
+local n = tonumber(ARGV[1])
+local out = {}
+for i = 0, n - 1 do
+  local keys = { KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4] }
+  local args = {}
+  for j = 1, 7 do args[j] = ARGV[1 + 7 * i + j] end
+  local ok, r = pcall(deduct_one, keys, args)
+  if not ok then r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) } end
+  if type(r) == 'table' and r.err then out[i + 1] = { 'ERR', r.err } else out[i + 1] = r end
+end
+return out
+"#;
+
+/// Redis time per batch call, uncoalesced vs coalesced (INFO commandstats:
+/// usec per EVALSHA, and the commands the scripts ran per call), over the
+/// same batches of 32 fresh placement lines: `hot` (every line on one
+/// promotion) and `spread` (32 promotions, one line each). The two scripts
+/// run in alternating blocks of 10 calls, each on its own keyspace, so the
+/// load of a shared machine falls on both alike. A measurement, not a check
+/// (no speed assertion):
+/// `cargo test --test it ledger::scripts::coalesce::measure -- --ignored --nocapture`
+/// (BLOCKS sets the blocks a script and workload, default 40).
+#[test]
+#[ignore = "a measurement; run by hand"]
+fn measure_coalescing() {
+    let blocks: usize = std::env::var("BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(measure(blocks));
+}
+
+async fn measure(blocks: usize) {
+    use fred::prelude::{Client, ClientLike, LuaInterface};
+    use fred::types::{ClusterHash, CustomCommand};
+    async fn run(client: &Client, name: &'static str, args: &[&str]) -> String {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let cmd = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+        let v: Value = client.custom(cmd, args).await.unwrap();
+        v.as_string().unwrap_or_default()
+    }
+    /// Seconds of CPU of Redis's main thread so far (INFO cpu).
+    fn cpu(info: &str) -> f64 {
+        info.lines()
+            .filter(|l| {
+                l.starts_with("used_cpu_user_main_thread:")
+                    || l.starts_with("used_cpu_sys_main_thread:")
+            })
+            .filter_map(|l| l.split_once(':')?.1.trim().parse::<f64>().ok())
+            .sum()
+    }
+    /// (command -> (calls, usec)) of INFO commandstats.
+    fn stats(info: &str) -> BTreeMap<String, (f64, f64)> {
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let field = |f: &str| -> f64 {
+                    rest.split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{f}=")))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0.0)
+                };
+                Some((name.to_owned(), (field("calls"), field("usec"))))
+            })
+            .collect()
+    }
+    let old_body = format!(
+        "{}local function deduct_one(KEYS, ARGV)\n{}\nend\n{UNCOALESCED_LOOP}",
+        include_str!("../../../../lua/lib.lua"),
+        include_str!("../../../../lua/deduct.lua"),
+    );
+    let scripts = [
+        ("uncoalesced", old_body.as_str()),
+        ("coalesced", scripts::DEDUCT_BATCH.body),
+    ];
+    println!(
+        "{:<8} {:<12} {:>7} {:>10} {:>10} {:>10} {:>10}  script commands per call (their usec)",
+        "workload", "script", "calls", "usec/call", "usec/line", "lua us", "cpu us/call"
+    );
+    let mut per_call = BTreeMap::new();
+    for workload in ["hot", "spread"] {
+        let mut spaces = Vec::new();
+        for (_, body) in scripts {
+            let r = standalone().await;
+            for i in 0..32 {
+                let big = "999999999999";
+                r.seed(
+                    &format!("p{i}"),
+                    &[
+                        ("budget", big),
+                        ("stock", big),
+                        ("initial_budget", big),
+                        ("initial_stock", big),
+                        ("gen", "1"),
+                    ],
+                )
+                .await;
+            }
+            let client = r.pool().next().clone();
+            let sha = run(&client, "SCRIPT", &["LOAD", body]).await;
+            spaces.push((
+                r,
+                client,
+                sha,
+                0.0f64,
+                0.0f64,
+                BTreeMap::<String, (f64, f64)>::new(),
+                0.0f64,
+            ));
+        }
+        let mut batch = 0;
+        for _ in 0..blocks {
+            // Each goes first in every other block.
+            spaces.reverse();
+            for (r, client, sha, calls, usec, commands, cpu_secs) in spaces.iter_mut() {
+                run(client, "CONFIG", &["RESETSTAT"]).await;
+                let cpu0 = cpu(&run(client, "INFO", &["cpu"]).await);
+                for _ in 0..10 {
+                    batch += 1;
+                    let mut keys = Vec::new();
+                    let mut args = vec!["32".to_owned()];
+                    for i in 0..32 {
+                        let p = format!("p{}", if workload == "hot" { 0 } else { i });
+                        let e = format!("e{batch}x{i}");
+                        let c = format!("c{}", (batch * 32 + i) % 1000);
+                        let k = r.keys().deduct_line(&id(&p), &id(&e), &id(&c), &id(&e));
+                        keys.extend(k.into_vec());
+                        args.extend([
+                            "5".to_owned(),
+                            "1".to_owned(),
+                            "1800000000".to_owned(),
+                            e,
+                            "2592000".to_owned(),
+                            "604800".to_owned(),
+                            c,
+                        ]);
+                    }
+                    let _: Value = client.evalsha(sha.as_str(), keys, args).await.unwrap();
+                }
+                *cpu_secs += cpu(&run(client, "INFO", &["cpu"]).await) - cpu0;
+                let s = stats(&run(client, "INFO", &["commandstats"]).await);
+                let (c, u) = s["evalsha"];
+                *calls += c;
+                *usec += u;
+                for (name, (n, u)) in s {
+                    if !["evalsha", "script"].contains(&name.as_str())
+                        && !name.starts_with("config")
+                        && !name.starts_with("info")
+                    {
+                        let e = commands.entry(name).or_default();
+                        e.0 += n;
+                        e.1 += u;
+                    }
+                }
+            }
+        }
+        if blocks % 2 == 1 {
+            spaces.reverse();
+        }
+        for ((script, _), (_, _, _, calls, usec, commands, cpu_secs)) in scripts.iter().zip(&spaces)
+        {
+            let inner: f64 = commands.values().map(|(_, u)| u).sum();
+            let commands: Vec<String> = commands
+                .iter()
+                .map(|(k, (n, u))| format!("{k} {:.0} ({:.0} us)", n / calls, u / calls))
+                .collect();
+            println!(
+                "{workload:<8} {script:<12} {calls:>7} {:>10.1} {:>10.2} {:>10.1} {:>10.1}  {}",
+                usec / calls,
+                usec / calls / 32.0,
+                (usec - inner) / calls,
+                cpu_secs * 1e6 / calls,
+                commands.join(", ")
+            );
+            per_call.insert((workload, *script), (usec / calls, cpu_secs / calls));
+        }
+    }
+    for workload in ["hot", "spread"] {
+        let (new, old) = (
+            per_call[&(workload, "coalesced")],
+            per_call[&(workload, "uncoalesced")],
+        );
+        println!(
+            "{workload}: coalesced / uncoalesced per batch call: EVALSHA usec {:.2}, main-thread CPU {:.2}",
+            new.0 / old.0,
+            new.1 / old.1
+        );
+    }
+}
