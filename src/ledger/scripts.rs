@@ -32,8 +32,17 @@ impl Script {
         let body = if name == "deduct" && crate::mutants::mutant("double-deduct") {
             String::leak(format!("{DOUBLE_DEDUCT}{body}"))
         } else if name == "deduct_batch" && crate::mutants::mutant("double-deduct") {
-            let wrapper = "local function deduct_one(KEYS, ARGV)\n";
-            String::leak(body.replace(wrapper, &format!("{wrapper}{DOUBLE_DEDUCT}")))
+            String::leak(body.replace(DEDUCT_ONE, &format!("{DEDUCT_ONE}{DOUBLE_DEDUCT}")))
+        } else {
+            body
+        };
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: a coalesced line skips its own check.
+        let body = if name == "deduct_batch" && crate::mutants::mutant("coalesce-skip-check") {
+            assert!(
+                body.contains(COALESCE_RUNNING.0),
+                "coalesce-skip-check: deduct_batch.lua changed"
+            );
+            String::leak(body.replace(COALESCE_RUNNING.0, COALESCE_RUNNING.1))
         } else {
             body
         };
@@ -63,6 +72,23 @@ impl Script {
 const DOUBLE_DEDUCT: &str =
     "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
 
+/// TEST-ONLY (feature `mutants`): in lua/deduct_batch.lua, the move of the
+/// running balance when a line of a coalesced batch deducts. Without it,
+/// every later line checks its budget and stock against what was read at
+/// the start of the call, not against what the lines before it left, while
+/// the write at the end still sums every line's deduction.
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const COALESCE_RUNNING: (&str, &str) = (
+    "p[field] = p[field] + tonumber(by)",
+    "-- (mutant coalesce-skip-check) the running balance stays as read",
+);
+
+/// The line that wraps lua/deduct.lua's body into a function of
+/// lua/deduct_batch.lua; `read_promotion` and `redis` are the batch's
+/// coalescing stand-ins (see the header of deduct_batch.lua).
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const DEDUCT_ONE: &str = "local function deduct_one(KEYS, ARGV, read_promotion, redis)\n";
+
 /// TEST-ONLY (feature `mutants`): the line of lua/lib.lua's
 /// `remembering_corrupt` that stores the memo; without it, corrupt data is
 /// forgotten as before the fix of issue 10 item 1, and a redelivery after the
@@ -88,14 +114,15 @@ macro_rules! with_lib {
 }
 
 pub static DEDUCT: LazyLock<Script> = with_lib!("deduct");
-/// deduct.lua's body, unchanged, as `deduct_one(KEYS, ARGV)`, called for
-/// each line of a batch by lua/deduct_batch.lua.
+/// deduct.lua's body, unchanged, as `deduct_one(KEYS, ARGV, read_promotion,
+/// redis)`, called for each line of a batch by lua/deduct_batch.lua, which
+/// coalesces the lines' promotion reads and writes (issue 27 item 1).
 pub static DEDUCT_BATCH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "deduct_batch",
         concat!(
             include_str!("../../lua/lib.lua"),
-            "local function deduct_one(KEYS, ARGV)\n",
+            "local function deduct_one(KEYS, ARGV, read_promotion, redis)\n",
             include_str!("../../lua/deduct.lua"),
             "\nend\n",
             include_str!("../../lua/deduct_batch.lua")
@@ -191,6 +218,14 @@ mod tests {
     #[test]
     fn the_forget_corrupt_mutant_finds_its_line() {
         assert!(include_str!("../../lua/lib.lua").contains(REMEMBER_CORRUPT));
+    }
+
+    /// The coalesce-skip-check mutant and the double-deduct mutant patch
+    /// these texts of the batch script.
+    #[test]
+    fn the_batch_mutants_find_their_text() {
+        assert!(DEDUCT_BATCH.body.contains(COALESCE_RUNNING.0));
+        assert!(DEDUCT_BATCH.body.contains(DEDUCT_ONE));
     }
 
     #[test]

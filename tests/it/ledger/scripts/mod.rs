@@ -8,9 +8,12 @@
 //! - `corrupt`: corrupt stored values and keys of the wrong type;
 //! - `errors`: bad arguments, NOSCRIPT and connection errors;
 //! - `promo_set`: `promo set` as the scripts read it;
-//! - `batch`: deduct_batch.lua decides as deduct.lua one line at a time.
+//! - `batch`: deduct_batch.lua decides as deduct.lua one line at a time;
+//! - `coalesce`: the same for coalesced batches, with refunds, releases,
+//!   operator changes and corrupt data between batches (a property test).
 
 mod batch;
+mod coalesce;
 mod corrupt;
 mod errors;
 mod multi_line;
