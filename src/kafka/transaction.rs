@@ -44,7 +44,6 @@
 //!   pipeline's "boundary has not returned" exit).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -161,10 +160,7 @@ fn run_within<R: Send + 'static>(
         tracing::error!(error = %e, "could not start a thread for a kafka transaction call");
         return None;
     }
-    match rx.recv_timeout(within) {
-        Ok(r) => Some(r),
-        Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
-    }
+    rx.recv_timeout(within).ok()
 }
 
 impl Transactions {

@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::common::redis::*;
 use deductor::admin::promo::{self as promo_admin, Adjustment};
 use deductor::admin::{self, PromoSpec};
+use deductor::domain::event::Id;
+use deductor::domain::keys::LineKeys;
 use deductor::ledger::calls::{self, Call};
 use deductor::ledger::scripts;
 use fred::prelude::Value;
@@ -191,14 +193,26 @@ fn customer_of(event: usize, other: bool) -> usize {
     (order_of(event) + usize::from(other)) % CUSTOMERS
 }
 
+/// The keys of `event`'s order line of `promo` under `r`'s prefix, for
+/// `customer` and the event id `event_id` (a placement's, a refund's).
+fn line_keys(r: &TestRedis, promo: &Id, event: usize, customer: &str, event_id: &str) -> LineKeys {
+    r.keys().deduct_line(
+        promo,
+        &id(&format!("o{}", order_of(event))),
+        &id(customer),
+        &id(event_id),
+    )
+}
+
 /// Line `l`'s deduct.lua call under `r`'s prefix.
 fn call(r: &TestRedis, l: &Line) -> Call {
     let c = format!("c{}", customer_of(l.event, l.other_customer));
-    let k = r.keys().deduct_line(
+    let k = line_keys(
+        r,
         &id(PROMOS[l.promo]),
-        &id(&format!("o{}", order_of(l.event))),
-        &id(&c),
-        &id(&format!("e{}", l.event)),
+        l.event,
+        &c,
+        &format!("e{}", l.event),
     );
     Call {
         script: &scripts::DEDUCT,
@@ -262,12 +276,7 @@ async fn other_step(r: &TestRedis, step: &Step) -> String {
         } => {
             let c = format!("c{}", customer_of(*event, *other_customer));
             let e = format!("r{refund}");
-            let k = r.keys().deduct_line(
-                &p(*promo),
-                &id(&format!("o{}", order_of(*event))),
-                &id(&c),
-                &id(&e),
-            );
+            let k = line_keys(r, &p(*promo), *event, &c, &e);
             let keys = vec![
                 k.promotion,
                 k.used,
@@ -289,12 +298,7 @@ async fn other_step(r: &TestRedis, step: &Step) -> String {
         Step::Release { promo, event } => {
             let c = format!("c{}", customer_of(*event, false));
             let e = format!("e{event}");
-            let k = r.keys().deduct_line(
-                &p(*promo),
-                &id(&format!("o{}", order_of(*event))),
-                &id(&c),
-                &id(&e),
-            );
+            let k = line_keys(r, &p(*promo), *event, &c, &e);
             let got = r
                 .eval(
                     scripts::RELEASE.body,
@@ -329,12 +333,7 @@ async fn other_step(r: &TestRedis, step: &Step) -> String {
         } => {
             let c = format!("c{}", customer_of(*event, false));
             let e = format!("e{event}");
-            let k = r.keys().deduct_line(
-                &p(*promo),
-                &id(&format!("o{}", order_of(*event))),
-                &id(&c),
-                &id(&e),
-            );
+            let k = line_keys(r, &p(*promo), *event, &c, &e);
             let (key, set, repair): (String, Vec<&str>, Vec<&str>) = match what {
                 // A field the scripts validate (never stored otherwise).
                 0 => (
