@@ -97,15 +97,7 @@ async fn a_transaction_call_that_never_returns_renews_the_producer_and_the_servi
         ),
         ("kafka.produce_timeout_ms", "3000"),
     ]);
-    let mut child = service::spawn(&env, &["run"]);
-    child
-        .wait_for_log("partitions assigned", Duration::from_secs(60))
-        .await;
-    let producer = outages::produce_paced(&f, &w);
-    kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
-        r.len() >= 50
-    })
-    .await;
+    let (mut child, producer) = outages::run_paced(&env, &f, &w, 50).await;
 
     // The next boundary's producer is wedged for good.
     wedge.arm();

@@ -115,6 +115,27 @@ pub(super) fn produce_paced(f: &Fixture, w: &Workload) -> tokio::task::JoinHandl
     })
 }
 
+/// Spawns `deductor run` with `env`, starts a paced producer once the
+/// service holds its partitions, and waits until `outcomes` outcomes are
+/// readable (a first transaction committed, in exactly_once).
+pub(super) async fn run_paced(
+    env: &[(String, String)],
+    f: &Fixture,
+    w: &Workload,
+    outcomes: usize,
+) -> (service::ChildService, tokio::task::JoinHandle<()>) {
+    let mut child = service::spawn(env, &["run"]);
+    child
+        .wait_for_log("partitions assigned", Duration::from_secs(60))
+        .await;
+    let producer = produce_paced(f, w);
+    kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
+        r.len() >= outcomes
+    })
+    .await;
+    (child, producer)
+}
+
 /// Seeds, starts the service and a paced producer, waits for some progress.
 async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
     let (f, w, ledger) = seeded(exclusive, label, seed).await;
@@ -193,17 +214,9 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
         ("kafka.producer.transaction.timeout.ms", "6000"),
         ("kafka.produce_timeout_ms", "5000"),
     ]);
-    let mut child = service::spawn(&env, &["run"]);
-    child
-        .wait_for_log("partitions assigned", Duration::from_secs(60))
-        .await;
-    let producer = produce_paced(&f, &w);
     // A first transaction committed (its outcomes are readable), and the
     // events keep coming.
-    kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
-        !r.is_empty()
-    })
-    .await;
+    let (mut child, producer) = run_paced(&env, &f, &w, 1).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     let addr = host_port(&f.redis_url);

@@ -11,7 +11,6 @@
 use std::time::{Duration, Instant};
 
 use super::outages::{self, Down};
-use crate::common::kafka;
 use crate::common::service::{self};
 use crate::common::workload;
 
@@ -79,15 +78,7 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
         ("kafka.produce_timeout_ms", "5000"),
         ("redis.command_timeout_ms", "2000"),
     ]);
-    let mut child = service::spawn(&env, &["run"]);
-    child
-        .wait_for_log("partitions assigned", Duration::from_secs(60))
-        .await;
-    let producer = outages::produce_paced(&f, &w);
-    kafka::read_until(&f.topics.outcome, Duration::from_secs(60), |r| {
-        r.len() >= 50
-    })
-    .await;
+    let (mut child, producer) = outages::run_paced(&env, &f, &w, 50).await;
 
     let held = match fault {
         Fault::BrokerDown => {
