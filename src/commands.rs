@@ -478,7 +478,7 @@ mod tests {
             .expect("a runtime");
         let _inside = rt.enter();
         let producer = Publisher::new(k);
-        let consumer = crate::kafka::consumer::create(k, Offsets::new(), None);
+        let consumer = crate::kafka::consumer::create(k, Offsets::new(), None, None);
         producer.is_ok() && consumer.is_ok()
     }
 

@@ -20,6 +20,7 @@ pub const SLOW_SCRIPTS: &str = "deductor_slow_scripts_total";
 pub const ASSIGNED: &str = "deductor_assigned_partitions";
 pub const IN_FLIGHT: &str = "deductor_in_flight_events";
 pub const LAG: &str = "deductor_consumer_lag";
+pub const PREFETCH: &str = "deductor_prefetch_bytes";
 pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
 pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
@@ -83,6 +84,10 @@ pub fn describe() {
     describe_gauge!(
         LAG,
         "Consumer lag per partition held, from librdkafka statistics; 0 once revoked."
+    );
+    describe_gauge!(
+        PREFETCH,
+        "Bytes read ahead in librdkafka's queues of the partitions held (statistics), against kafka.prefetch_budget_kib."
     );
     describe_histogram!(
         EVENT_DURATION,
@@ -234,6 +239,10 @@ pub fn redis_wait_shortfall() {
 
 pub fn consumer_lag(partition: i32, lag: i64) {
     gauge!(LAG, "partition" => partition.to_string()).set(lag as f64);
+}
+
+pub fn prefetch_bytes(bytes: u64) {
+    gauge!(PREFETCH).set(bytes as f64);
 }
 
 /// A partition revoked from this instance reads 0 from then on (until it is

@@ -174,7 +174,7 @@ fn kafka_checks(k: &KafkaSettings) -> Result<KafkaFacts, KafkaFailure> {
             .and_then(crate::exit::kafka_exit_code)
             .unwrap_or(EXIT_FAILED),
     };
-    let mut config = consumer_config(k);
+    let mut config = consumer_config(k, None);
     // No statistics: the default context would print them every interval.
     config.set("statistics.interval.ms", "0");
     // The commands build run's clients before this (kafka::build_clients);
@@ -255,7 +255,7 @@ pub fn group_has_committed(k: &KafkaSettings) -> Result<bool, String> {
 /// Whether the group has committed offsets on the input topic, and the
 /// ledger marker ids those commits name (their metadata, `ledger=<id>`).
 pub fn group_commits(k: &KafkaSettings) -> Result<(bool, BTreeSet<String>), String> {
-    let mut config = consumer_config(k);
+    let mut config = consumer_config(k, None);
     config.set("statistics.interval.ms", "0");
     // `run` asks this in the background at start: librdkafka's own lines
     // about a broker that refuses it are rate-limited as the service's are.

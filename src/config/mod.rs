@@ -57,6 +57,10 @@ pub struct KafkaSettings {
     /// `exactly_once`: how long one transaction stays open (outcomes are
     /// visible to `read_committed` readers when it commits).
     pub transaction_interval_ms: u64,
+    /// The consumer's prefetch over all partitions of the input topic, in
+    /// KiB: librdkafka's per-partition queue bounds are this budget shared
+    /// among the topic's partitions (see [`crate::kafka::consumer::prefetch_share`]).
+    pub prefetch_budget_kib: u64,
     /// Input record headers copied onto outcomes (e.g. `x-correlation-id`).
     pub propagate_headers: Vec<String>,
     /// A file holding the SASL password of both clients (a mounted

@@ -51,6 +51,7 @@ impl fmt::Debug for KafkaSettings {
             .field("delivery", &self.delivery)
             .field("transactional_id", &self.transactional_id)
             .field("transaction_interval_ms", &self.transaction_interval_ms)
+            .field("prefetch_budget_kib", &self.prefetch_budget_kib)
             .field("sasl_password_file", &self.sasl_password_file)
             .field("consumer", &redacted(&self.consumer))
             .field("producer", &redacted(&self.producer))

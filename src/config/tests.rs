@@ -530,6 +530,17 @@ fn exactly_once_refuses_what_its_aborts_and_fencing_cannot_work_with() {
 }
 
 #[test]
+fn a_prefetch_budget_below_the_least_is_refused_by_name() {
+    let e = load(&[], &[("kafka.prefetch_budget_kib", "10")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.prefetch_budget_kib"), "{e}");
+    assert!(e.contains("16384"), "the fix names a value: {e}");
+    let s = load(&[], &[("kafka.prefetch_budget_kib", "65536")]).unwrap();
+    assert_eq!(s.kafka.prefetch_budget_kib, 65_536);
+}
+
+#[test]
 fn the_transactional_id_is_stable_with_static_membership_else_unique_to_the_process() {
     let mut k = load(&[], &[]).unwrap().kafka;
     k.group_id = "deductor".into();

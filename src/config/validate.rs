@@ -90,6 +90,17 @@ fn kafka(k: &KafkaSettings) -> Result<(), ConfigError> {
             "use a positive number of milliseconds, e.g. 30000",
         ));
     }
+    if k.prefetch_budget_kib < crate::kafka::consumer::MIN_PREFETCH_BUDGET_KIB {
+        return Err(bad(
+            "kafka.prefetch_budget_kib",
+            format!(
+                "is {} (below {} KiB)",
+                k.prefetch_budget_kib,
+                crate::kafka::consumer::MIN_PREFETCH_BUDGET_KIB
+            ),
+            "give the prefetch over all partitions in KiB, e.g. 16384 (16 MiB)",
+        ));
+    }
     if k.transaction_interval_ms == 0 {
         return Err(bad(
             "kafka.transaction_interval_ms",

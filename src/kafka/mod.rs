@@ -66,7 +66,7 @@ pub fn unreachable(e: &KafkaError) -> bool {
 pub fn build_clients(k: &crate::config::KafkaSettings) -> Result<(), crate::config::ConfigError> {
     use rdkafka::consumer::BaseConsumer;
     use rdkafka::producer::BaseProducer;
-    consumer::consumer_config(k)
+    consumer::consumer_config(k, None)
         .create::<BaseConsumer>()
         .map(drop)
         .map_err(|e| client_error(k, "consumer", &e))?;

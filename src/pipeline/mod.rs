@@ -205,8 +205,19 @@ pub async fn run_with_ledger(
             }
         }
     };
+    let partitions = routing::partition_count(&settings.kafka).await;
+    if let Some(n) = partitions {
+        let share = group::prefetch_share(settings.kafka.prefetch_budget_kib, Some(n));
+        tracing::info!(
+            partitions = n,
+            budget_kib = settings.kafka.prefetch_budget_kib,
+            queued_kib = share.queued_kib,
+            fetch_kib = share.fetch_kib,
+            "prefetch shared among the input topic's partitions"
+        );
+    }
     let consumer = Arc::new(
-        group::create(&settings.kafka, offsets.clone(), txn.clone())
+        group::create(&settings.kafka, offsets.clone(), txn.clone(), partitions)
             .context("creating the Kafka consumer")?,
     );
     consumer

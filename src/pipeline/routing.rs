@@ -56,6 +56,57 @@ pub(super) fn split_queues(
         .collect()
 }
 
+/// The input topic's partition count, for sharing the prefetch budget
+/// among them before the group consumer is created (its bounds are fixed
+/// then). Read by a short-lived client of the consumer's configuration
+/// that joins no group; `None` (today's per-partition bounds, with a
+/// warning) when the topic does not exist yet or the metadata cannot be
+/// read.
+pub(super) async fn partition_count(k: &crate::config::KafkaSettings) -> Option<usize> {
+    let (mut config, topic) = (group::consumer_config(k, None), k.input_topic.clone());
+    config.set("statistics.interval.ms", "0");
+    let read = tokio::task::spawn_blocking(move || -> KafkaResult<usize> {
+        let probe: rdkafka::consumer::BaseConsumer<Quiet> = config.create_with_context(Quiet)?;
+        let metadata = probe.fetch_metadata(Some(&topic), Duration::from_secs(5))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len())
+            .sum())
+    })
+    .await;
+    match read {
+        Ok(Ok(n)) if n > 0 => Some(n),
+        Ok(Ok(_)) => {
+            tracing::warn!(topic = %k.input_topic, "the input topic has no partitions yet: each partition gets \
+                1 MiB of prefetch, outside kafka.prefetch_budget_kib, until the service restarts");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, topic = %k.input_topic, "no metadata for the prefetch budget: each \
+                partition gets 1 MiB of prefetch, outside kafka.prefetch_budget_kib");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the metadata read for the prefetch budget failed");
+            None
+        }
+    }
+}
+
+/// The metadata probe's context: its failures (a broker down, a refused
+/// handshake: dozens a second) are the group consumer's to report, with
+/// its rate limits; the probe reports only its result.
+struct Quiet;
+
+impl rdkafka::client::ClientContext for Quiet {
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, _: &str, _: &str) {}
+    fn error(&self, _: rdkafka::error::KafkaError, _: &str) {}
+}
+
+impl rdkafka::consumer::ConsumerContext for Quiet {}
+
 /// A message taken from a partition's own queue, with room for it already
 /// reserved in the lane `lane`; `None` when that lane stopped first.
 pub(super) struct Pulled {

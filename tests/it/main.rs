@@ -44,6 +44,7 @@ mod service {
     mod hung_transaction;
     mod metrics;
     mod outages;
+    mod prefetch;
     mod redis_oom;
     mod secret_files;
     mod security;

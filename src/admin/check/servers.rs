@@ -208,7 +208,7 @@ impl ConsumerContext for ApiVersionLog {}
 /// Each broker's ApiVersions, from a short-lived client of the same
 /// settings (the check's own consumer keeps its default logging).
 fn probe(k: &KafkaSettings) -> Result<BTreeMap<String, ApiVersions>, String> {
-    let mut config = crate::kafka::consumer::consumer_config(k);
+    let mut config = crate::kafka::consumer::consumer_config(k, None);
     config.set("statistics.interval.ms", "0");
     config.set("debug", "feature");
     config.set_log_level(RDKafkaLogLevel::Debug);

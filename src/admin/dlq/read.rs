@@ -16,7 +16,7 @@ use super::*;
 /// Reads the dead letters `filter` selects, sorted by partition and offset.
 /// Blocking: call it on the blocking pool.
 pub fn read(k: &KafkaSettings, filter: &Filter) -> Result<Vec<DeadLetter>, KafkaError> {
-    let mut config = consumer_config(k);
+    let mut config = consumer_config(k, None);
     config
         .set("statistics.interval.ms", "0")
         .set("enable.partition.eof", "true")

@@ -111,7 +111,7 @@ async fn handover(label: &str, assignor: Option<&str>, trigger: Trigger) {
     // The service's consumer (`kafka::consumer::consumer_config`: the
     // default, eager assignor), its input partition on its own queue.
     let settings = f.settings(&[]);
-    let mut config = deductor::kafka::consumer::consumer_config(&settings.kafka);
+    let mut config = deductor::kafka::consumer::consumer_config(&settings.kafka, None);
     config.set("statistics.interval.ms", "100");
     if let Some(a) = assignor {
         config.set("partition.assignment.strategy", a);

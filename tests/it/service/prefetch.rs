@@ -1,0 +1,122 @@
+//! Issue 27 item 6: the consumer's prefetch is one budget over all the
+//! partitions of the input topic (`kafka.prefetch_budget_kib`), not 1 MiB
+//! per partition. A real `deductor run` on a 64-partition topic with a
+//! backlog of about 13 MB, slowed to one event at a time so that its
+//! queues stay full: librdkafka's own statistics (`fetchq_size` of every
+//! partition held, exported as `deductor_prefetch_bytes`) never show more
+//! read ahead than the budget plus one small producer batch per partition.
+//! With today's fixed bounds (1 MiB per partition) the whole backlog was
+//! read ahead.
+
+use std::time::{Duration, Instant};
+
+use crate::common::kafka::{self, Raw};
+use crate::common::service::{self, Fixture};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::FutureProducer;
+
+const PARTITIONS: i32 = 64;
+const EVENTS: usize = 40_000;
+const BUDGET_KIB: u64 = 2048;
+/// The producer's batches, the one floor outside any budget (a broker
+/// returns a partition's first batch whole).
+const BATCH_BYTES: u64 = 4096;
+
+fn prefetch(exposition: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix("deductor_prefetch_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefetch_stays_within_one_budget_over_all_partitions() {
+    let f = Fixture::new("prefetch", PARTITIONS).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka::brokers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", BATCH_BYTES.to_string())
+        .set("message.timeout.ms", "120000")
+        .create()
+        .expect("creating a Kafka producer");
+    // Placements of a promotion that does not exist: each is decided by a
+    // script call (promotion_not_found), about 330 bytes each.
+    let records: Vec<Raw> = (0..EVENTS)
+        .map(|i| {
+            let payload = serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-pf-{i}"),
+                "order_id": format!("o-pf-{i}"), "customer_id": format!("c-{}", i % 977),
+                "occurred_at": "2026-11-29T10:00:00Z",
+                "lines": [{"promotion_id": "pf-none", "budget": 100, "stock": 1}],
+                "note": "x".repeat(120)});
+            Raw {
+                key: Some(format!("o-pf-{i}").into_bytes()),
+                payload: Some(payload.to_string().into_bytes()),
+                ..Raw::default()
+            }
+        })
+        .collect();
+    let backlog: usize = records
+        .iter()
+        .map(|r| r.payload.as_ref().map_or(0, Vec::len))
+        .sum();
+    for chunk in records.chunks(5_000) {
+        kafka::produce_raw_with(&producer, &f.topics.input, chunk).await;
+    }
+
+    let addr = service::free_local_addr();
+    let budget = BUDGET_KIB.to_string();
+    let env = f.env(&[
+        ("http.listen", addr.as_str()),
+        ("kafka.prefetch_budget_kib", budget.as_str()),
+        ("kafka.consumer.statistics.interval.ms", "200"),
+        ("pipeline.max_in_flight", "1"),
+        ("pipeline.max_in_flight_per_partition", "1"),
+    ]);
+    let mut child = service::spawn(&env, &["run"]);
+    let mut seen: Vec<f64> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Samples over 15 s once the first statistics are in.
+    let mut until: Option<Instant> = None;
+    while until.is_none_or(|u| Instant::now() < u) {
+        child.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "no prefetch statistics after 60 s; log:\n{}",
+            child.log_tail(30)
+        );
+        if let Some((200, body)) = service::http_get(&addr, "/metrics").await {
+            if let Some(v) = prefetch(&body) {
+                if v > 0.0 {
+                    until.get_or_insert_with(|| Instant::now() + Duration::from_secs(15));
+                    seen.push(v);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = child.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "exit {status}; log:\n{}",
+        child.log_tail(30)
+    );
+    f.cleanup().await;
+
+    let max = seen.iter().copied().fold(0.0, f64::max);
+    let bound = (BUDGET_KIB * 1024 + PARTITIONS as u64 * BATCH_BYTES) as f64;
+    // The run engaged the budget: the queues were well filled (else the
+    // bound proves nothing) and the backlog was far larger than the bound.
+    assert!(backlog as f64 > 4.0 * bound, "backlog {backlog} B");
+    assert!(
+        max > bound / 4.0,
+        "the prefetch never filled ({max} B at most in {} samples): the test proves nothing",
+        seen.len()
+    );
+    assert!(
+        max <= bound,
+        "the prefetch reached {max} B, over the budget of {BUDGET_KIB} KiB plus one {BATCH_BYTES}-byte \
+         batch per partition ({bound} B); samples: {seen:?}"
+    );
+}
