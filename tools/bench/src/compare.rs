@@ -72,6 +72,10 @@ pub struct Measured {
     pub p999_ms: i64,
     /// p99 of produced -> read by a read_committed reader.
     pub visible_p99_ms: i64,
+    /// CPU per event of the Redis and broker processes over the
+    /// throughput run (wall-clock window), µs.
+    pub redis_cpu_us: f64,
+    pub broker_cpu_us: f64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -113,11 +117,11 @@ impl Comparison {
         }
         let _ = writeln!(
             s,
-            "\n| round | variant | events/s | vs `{}` | p50 ms | p99 ms | p99 vs `{}` | p99.9 ms | p99 read_committed ms | CPU s / 1k events | peak RSS MiB |",
+            "\n| round | variant | events/s | vs `{}` | p50 ms | p99 ms | p99 vs `{}` | p99.9 ms | p99 read_committed ms | CPU s / 1k events | Redis / broker CPU µs per event | peak RSS MiB |",
             self.variants.first().map_or("", |v| v.name.as_str()),
             self.variants.first().map_or("", |v| v.name.as_str()),
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         let rounds = self.rows.iter().map(|m| m.round).max().unwrap_or(0);
         for r in 0..=rounds {
             let base = self.variants.first().and_then(|v| self.row(&v.name, r));
@@ -131,7 +135,7 @@ impl Comparison {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | `{}` | {:.0} | {} | {} | {} | {} | {} | {} | {:.3} | {:.1} |",
+                    "| {} | `{}` | {:.0} | {} | {} | {} | {} | {} | {} | {:.3} | {:.0} / {:.0} | {:.1} |",
                     r + 1,
                     v.name,
                     m.events_per_s,
@@ -142,6 +146,8 @@ impl Comparison {
                     m.p999_ms,
                     m.visible_p99_ms,
                     m.cpu_per_1k,
+                    m.redis_cpu_us,
+                    m.broker_cpu_us,
                     m.max_rss_mib
                 );
             }
@@ -286,6 +292,8 @@ mod tests {
             p99_ms: p99,
             p999_ms: 50,
             visible_p99_ms: 60,
+            redis_cpu_us: 15.0,
+            broker_cpu_us: 10.0,
         };
         let c = Comparison {
             variants: vec![
