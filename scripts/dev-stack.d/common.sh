@@ -32,11 +32,29 @@ port_owner() {
 }
 
 # True if process $1 exists and is not a zombie (an exited daemon whose
-# parent, e.g. a minimal PID 1, has not reaped it yet counts as gone).
+# parent, e.g. a minimal PID 1, has not reaped it yet counts as gone). A
+# process whose main thread has exited shows Z while its other threads are
+# still exiting and still hold its sockets (a SIGKILLed JVM on a loaded
+# machine): it runs while any of its threads is not a zombie.
 proc_running() {
-    local state
-    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
-    [[ -n $state && $state != Z ]]
+    local status state
+    [[ -d /proc/$1 ]] || return 1
+    for status in "/proc/$1/task/"*/status; do
+        state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "$status" 2>/dev/null) || continue
+        [[ -n $state && $state != Z && $state != X ]] && return 0
+    done
+    return 1
+}
+
+# port_closes PORT SECONDS: true once nothing accepts on 127.0.0.1:PORT,
+# waiting up to SECONDS (a process that just exited may still be closing
+# its listening socket).
+port_closes() {
+    local deadline=$((SECONDS + $2))
+    while port_open "$1"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
 }
 
 # pid_alive PIDFILE PATTERN: true if the pid in PIDFILE runs and its command

@@ -264,7 +264,7 @@ kafka_start() {
     fi
     local p
     for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT"; do
-        port_open "$p" && die "port $p (Kafka) is in use by $(port_owner "$p"), not our broker; stop it or set DEDUCTOR_KAFKA_*PORT"
+        port_closes "$p" 15 || die "port $p (Kafka) is in use by $(port_owner "$p"), not our broker; stop it or set DEDUCTOR_KAFKA_*PORT"
     done
     kafka_pick_version
     kafka_tls_certs
