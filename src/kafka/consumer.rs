@@ -7,6 +7,7 @@
 //! lanes before it handles the next message.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::client::ClientContext;
@@ -49,9 +50,10 @@ pub struct Context {
     log_throttle: crate::kafka::refusal::LogThrottle,
     /// The prefetch budget and the partition count it was shared among.
     prefetch: PrefetchBudget,
-    /// The prefetch warnings already given (over the budget; more
-    /// partitions held than the budget was shared among).
-    warned: Mutex<(bool, bool)>,
+    /// The prefetch warnings already given: over the budget; more
+    /// partitions held than the budget was shared among.
+    warned_over: AtomicBool,
+    warned_grown: AtomicBool,
 }
 
 /// `kafka.prefetch_budget_kib` and the partitions it was shared among.
@@ -119,7 +121,8 @@ impl Context {
     ) -> Context {
         Context {
             prefetch,
-            warned: Mutex::new((false, false)),
+            warned_over: AtomicBool::new(false),
+            warned_grown: AtomicBool::new(false),
             topic: topic.to_owned(),
             txn,
             offsets,
@@ -154,12 +157,7 @@ impl Context {
     /// at least one of its producers' record batches, whatever its share.
     fn over_budget(&self, queued: u64) {
         let budget = self.prefetch.budget_kib.saturating_mul(1024);
-        if queued <= budget {
-            return;
-        }
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        if !warned.0 {
-            warned.0 = true;
+        if queued > budget && !self.warned_over.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 queued,
                 budget,
@@ -176,12 +174,7 @@ impl Context {
         let Some(sized) = self.prefetch.partitions else {
             return;
         };
-        if held <= sized {
-            return;
-        }
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        if !warned.1 {
-            warned.1 = true;
+        if held > sized && !self.warned_grown.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 held,
                 sized,
