@@ -2,7 +2,8 @@
 //! behaviours the chaos suite must catch (docs/reliability.md, "Mutants").
 //! The places that break are marked `#[cfg(feature = "mutants")]` where
 //! they are: `pipeline/lane.rs` (commit-early), `kafka/publisher.rs`
-//! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt, coalesce-skip-check).
+//! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt, coalesce-skip-check),
+//! `kafka/transaction.rs` (boundary-commits-past-hole).
 
 /// TEST-ONLY (cargo feature `mutants`, never shipped): true when
 /// DEDUCTOR_MUTANT (read once) names this deliberately broken behaviour, so

@@ -8,7 +8,11 @@
 //!   group's metadata, commits, and opens the next transaction. With every
 //!   started event finished, each partition's watermark is one past its
 //!   last outcome: a committed transaction never holds the outcome of an
-//!   offset above the committed position.
+//!   offset above the committed position. An event marks its offset done
+//!   before it lets go of the gate. One that ended unfinished instead (a
+//!   shutdown or a fatal error cancelled it) leaves its offset in flight,
+//!   and the watermark below it: the boundary then aborts, since outcomes
+//!   of later offsets may be in the transaction.
 //! - **Tickets.** An event starts with a [`Ticket`]: the transaction epoch
 //!   and its lane's generation. An outcome is queued only while both are
 //!   current ([`Transactions::admit`]), checked under the epoch's lock, so
@@ -437,6 +441,18 @@ impl Transactions {
         }
         if self.doomed.load(Ordering::SeqCst) {
             return self.rewind("a produce in the transaction failed", deadline);
+        }
+        // No event runs while a boundary holds the gate, so an offset still
+        // in flight is an event that ended unfinished (cancelled by a
+        // shutdown or a fatal error). Events after it in its partition may
+        // have queued their outcomes, which the watermark (held below it)
+        // would not cover: this transaction cannot commit.
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: commits past the hole.
+        let hole_ok = crate::mutants::mutant("boundary-commits-past-hole");
+        #[cfg(not(feature = "mutants"))]
+        let hole_ok = false;
+        if self.offsets.in_flight() > 0 && !hole_ok {
+            return self.rewind("events ended unfinished in this transaction", deadline);
         }
         let commits = self.offsets.take_commits(None);
         if commits.is_empty() {

@@ -109,7 +109,7 @@ impl Lane {
             });
             tokio::select! {
                 biased;
-                Some((offset, order, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((offset, order, result, admitted)) = in_flight.next(), if !in_flight.is_empty() => {
                     if let Some(o) = order {
                         busy.remove(&o);
                     }
@@ -125,6 +125,11 @@ impl Lane {
                             closed = true;
                         }
                     }
+                    // exactly_once: the event leaves the transaction only
+                    // once its offset is marked done. A boundary that got
+                    // the gate first would commit its outcome without its
+                    // offset.
+                    drop(admitted);
                 }
                 _ = self.stop.cancelled(), if !closed => {
                     closed = true;
@@ -164,7 +169,8 @@ impl Lane {
         p: Prepared,
         admitted: Admission,
         ticket: Option<Ticket>,
-    ) -> impl std::future::Future<Output = (i64, Option<String>, Result<(), Failure>)> {
+    ) -> impl std::future::Future<Output = (i64, Option<String>, Result<(), Failure>, Admission)>
+    {
         let processor = self.processor.clone();
         let stop = self.stop.clone();
         let span = tracing::info_span!(
@@ -213,8 +219,7 @@ impl Lane {
             if result.is_ok() {
                 metrics::event_duration(started.elapsed().as_secs_f64());
             }
-            drop(admitted);
-            (p.msg.offset(), p.order, result)
+            (p.msg.offset(), p.order, result, admitted)
         }
         .instrument(span)
     }
