@@ -33,6 +33,7 @@ pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
 pub const REDIS_WAIT: &str = "deductor_redis_wait_seconds";
 pub const REDIS_WAIT_SHORTFALLS: &str = "deductor_redis_wait_shortfalls_total";
 pub const REDIS_POOL_RECONNECTS: &str = "deductor_redis_pool_reconnects_total";
+pub const EVENT_STAGE: &str = "deductor_event_stage_seconds";
 
 /// Registers descriptions and the build info; call once after installing
 /// an exporter.
@@ -93,6 +94,11 @@ pub fn describe() {
         EVENT_DURATION,
         Unit::Seconds,
         "From the start of an event to its acknowledged outcome."
+    );
+    describe_histogram!(
+        EVENT_STAGE,
+        Unit::Seconds,
+        "Where an event's time goes, by stage: fetched (the input record's timestamp to its lane taking it from librdkafka), admitted (taken to started: lane capacity, an earlier event of the same order, a transaction boundary, pipeline.max_in_flight), redis (its scripts: batching, the calls and their retries), publish (its outcome or dead letter sent to acknowledged), commit (acknowledged to the commit that covers its offset)."
     );
     describe_histogram!(
         END_TO_END,
@@ -186,17 +192,26 @@ pub fn event_duration(seconds: f64) {
     metrics::histogram!(EVENT_DURATION).record(seconds);
 }
 
+/// One stage of one event (see [`EVENT_STAGE`]'s description).
+pub fn stage(stage: &'static str, seconds: f64) {
+    metrics::histogram!(EVENT_STAGE, "stage" => stage).record(seconds);
+}
+
+/// The input record's timestamp to now, in seconds (None: no timestamp, or
+/// one from the future).
+pub fn since_record(record_timestamp_ms: Option<i64>) -> Option<f64> {
+    let ts = record_timestamp_ms?;
+    let now = chrono::Utc::now().timestamp_millis();
+    (now >= ts).then(|| (now - ts) as f64 / 1000.0)
+}
+
 /// From the input record's timestamp (its producer's create time, or the
 /// broker's append time) to its outcome or dead letter acknowledged. A
 /// record without a timestamp, or one from the future (clock skew), is not
 /// recorded.
 pub fn end_to_end(record_timestamp_ms: Option<i64>) {
-    let Some(ts) = record_timestamp_ms else {
-        return;
-    };
-    let now = chrono::Utc::now().timestamp_millis();
-    if now >= ts {
-        metrics::histogram!(END_TO_END).record((now - ts) as f64 / 1000.0);
+    if let Some(s) = since_record(record_timestamp_ms) {
+        metrics::histogram!(END_TO_END).record(s);
     }
 }
 

@@ -5,8 +5,12 @@
 //! begun and done), the commit timer and the rebalance callback (which
 //! forgets revoked partitions so a late `done` from a revoked lane is ignored).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// The most done offsets per partition whose wait for a commit is timed.
+const MAX_TIMED: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Partition {
@@ -18,6 +22,9 @@ struct Partition {
     next: Option<i64>,
     /// The last watermark committed (or handed to a commit).
     committed: Option<i64>,
+    /// When each offset done and not yet handed to a commit was done (the
+    /// `commit` stage of `deductor_event_stage_seconds`).
+    done_at: BTreeMap<i64, Instant>,
 }
 
 impl Partition {
@@ -113,8 +120,13 @@ impl Offsets {
     pub fn done(&self, partition: i32, generation: u64, offset: i64) {
         let mut g = self.lock();
         if let Some(p) = g.partitions.get_mut(&partition) {
-            if p.generation == generation {
-                p.in_flight.remove(&offset);
+            // (Bounded: behind an event that stays unfinished long, later
+            // ones go unmeasured rather than held.)
+            if p.generation == generation
+                && p.in_flight.remove(&offset)
+                && p.done_at.len() < MAX_TIMED
+            {
+                p.done_at.insert(offset, Instant::now());
             }
         }
     }
@@ -149,6 +161,10 @@ impl Offsets {
                 if p.committed.is_none_or(|c| w > c) {
                     p.committed = Some(w);
                     out.push((id, w));
+                    let later = p.done_at.split_off(&w);
+                    for at in std::mem::replace(&mut p.done_at, later).into_values() {
+                        crate::metrics::stage("commit", at.elapsed().as_secs_f64());
+                    }
                 }
             }
         }

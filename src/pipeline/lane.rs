@@ -41,6 +41,8 @@ pub(super) fn order_key(
 
 pub(super) struct Prepared {
     pub(super) msg: OwnedMessage,
+    /// When the lane took it (the `admitted` stage starts).
+    pub(super) taken: Instant,
     pub(super) parsed: Result<Event, InvalidEvent>,
     pub(super) order: Option<String>,
 }
@@ -138,6 +140,7 @@ impl Lane {
                 admitted = admission(self.global.clone(), self.txn.clone()), if startable && !closed => {
                     let Ok(admitted) = admitted else { closed = true; continue };
                     if let Some(p) = head.take() {
+                        metrics::stage("admitted", p.taken.elapsed().as_secs_f64());
                         if let Some(o) = &p.order {
                             busy.insert(o.clone());
                         }
@@ -153,9 +156,13 @@ impl Lane {
                 msg = self.rx.recv(), if head.is_none() && !closed => {
                     match msg {
                         Some(msg) => {
+                            let taken = Instant::now();
+                            if let Some(s) = metrics::since_record(msg.timestamp().to_millis()) {
+                                metrics::stage("fetched", s);
+                            }
                             let parsed = event::parse(msg.payload().unwrap_or_default());
                             let order = order_key(&parsed, &msg);
-                            head = Some(Prepared { msg, parsed, order });
+                            head = Some(Prepared { msg, taken, parsed, order });
                         }
                         None => closed = true,
                     }

@@ -70,8 +70,10 @@ impl Processor {
                     timestamp_ms: msg.timestamp().to_millis(),
                     trace,
                 };
+                let sent = std::time::Instant::now();
                 self.kafka(stop, || self.publisher.send_dead_letter(&dl))
                     .await?;
+                metrics::stage("publish", sent.elapsed().as_secs_f64());
                 metrics::dead_letter(invalid.kind.as_str());
                 match outcome::invalid(invalid, &source, &now()) {
                     Some(o) => o,
@@ -83,16 +85,22 @@ impl Processor {
                 }
             }
             Ok(Event::Placed(e)) => {
+                let called = std::time::Instant::now();
                 let d = self.redis(stop, || self.ledger.place(e)).await?;
+                metrics::stage("redis", called.elapsed().as_secs_f64());
                 outcome::placed(e, &d, &source, &now())
             }
             Ok(Event::Refunded(e)) => {
+                let called = std::time::Instant::now();
                 let d = self.redis(stop, || self.ledger.refund(e)).await?;
+                metrics::stage("redis", called.elapsed().as_secs_f64());
                 outcome::refunded(e, &d, &source, &now())
             }
         };
+        let sent = std::time::Instant::now();
         self.kafka(stop, || self.publisher.send_outcome(&outcome, &trace))
             .await?;
+        metrics::stage("publish", sent.elapsed().as_secs_f64());
         metrics::end_to_end(msg.timestamp().to_millis());
         record(parsed, &outcome);
         Ok(())

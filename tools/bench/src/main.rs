@@ -416,6 +416,7 @@ async fn latency(
         .await?;
     }
 
+    let before = proc::metrics_text(port).unwrap_or_default();
     eprintln!("bench: latency: offering {n} events at {rate:.0}/s");
     let measured = format!("{tag}m");
     let timeout = Duration::from_secs_f64(n as f64 / rate + 120.0);
@@ -434,6 +435,10 @@ async fn latency(
         .await?
     };
     let outcomes = reader.await??;
+    // Commits of the last events come up to one interval after their
+    // outcomes: wait for them before the scrape.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stages_ms = proc::stage_means(&before, &proc::metrics_text(port).unwrap_or_default());
     child.terminate();
     let usage = blocking(move || child.wait(Duration::from_secs(60))).await?;
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
@@ -514,6 +519,7 @@ async fn latency(
         to_processed_ms: [pct(&before, 0.50), pct(&before, 0.99)],
         to_append_ms: [pct(&after, 0.50), pct(&after, 0.99)],
         visible_ms: [pct(&visible, 0.50), pct(&visible, 0.99)],
+        stages_ms,
         max_ms: *lat.last().unwrap_or(&0),
         cpu_per_1k: usage.cpu_s() / (n + 500) as f64 * 1000.0,
         max_rss_mib: usage.max_rss_kib as f64 / 1024.0,
@@ -522,8 +528,8 @@ async fn latency(
         kafka_cpu_share: kafka_cpu / usage.wall_s,
     };
     eprintln!(
-        "bench: latency at {:.0}/s: p50 {} ms, p99 {} ms, p99.9 {} ms",
-        l.offered_rate, l.p50_ms, l.p99_ms, l.p999_ms
+        "bench: latency at {:.0}/s: p50 {} ms, p99 {} ms, p99.9 {} ms; mean ms per stage {:?}",
+        l.offered_rate, l.p50_ms, l.p99_ms, l.p999_ms, l.stages_ms
     );
     Ok(l)
 }

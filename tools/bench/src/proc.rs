@@ -113,17 +113,68 @@ fn wait4(pid: i32, started: Instant, metrics_port: Option<u16>) -> anyhow::Resul
 /// GET /metrics, body discarded; failures are ignored (the service may
 /// not be listening yet).
 fn scrape(port: u16) {
+    let _ = metrics_text(port);
+}
+
+/// GET /metrics: the response (headers and body), or None when the
+/// service does not answer.
+pub fn metrics_text(port: u16) -> Option<String> {
     use std::io::{Read, Write};
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return;
-    };
-    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
-    if c.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_ok()
-    {
-        let _ = c.read_to_end(&mut Vec::new());
+    let mut c = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    c.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut body = Vec::new();
+    c.read_to_end(&mut body).ok()?;
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `deductor_event_stage_seconds`' sum and count per stage, from a
+/// /metrics text.
+pub fn stage_totals(text: &str) -> std::collections::BTreeMap<String, (f64, f64)> {
+    let mut out = std::collections::BTreeMap::<String, (f64, f64)>::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("deductor_event_stage_seconds_") else {
+            continue;
+        };
+        let (kind, rest) = match rest.split_once('{') {
+            Some(x) => x,
+            None => continue,
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let Some(stage) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("stage=\""))
+            .map(|v| v.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let e = out.entry(stage.to_owned()).or_default();
+        match kind {
+            "sum" => e.0 = v,
+            "count" => e.1 = v,
+            _ => {}
+        }
     }
+    out
+}
+
+/// Mean ms per stage between two /metrics texts of one process.
+pub fn stage_means(before: &str, after: &str) -> std::collections::BTreeMap<String, f64> {
+    let b = stage_totals(before);
+    stage_totals(after)
+        .into_iter()
+        .filter_map(|(stage, (sum, count))| {
+            let (s0, c0) = b.get(&stage).copied().unwrap_or_default();
+            (count > c0).then(|| (stage, (sum - s0) / (count - c0) * 1000.0))
+        })
+        .collect()
 }
 
 /// A loopback port that was free a moment ago.
@@ -200,4 +251,27 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+
+    #[test]
+    fn stage_means_are_the_difference_of_two_scrapes() {
+        let before = "deductor_event_stage_seconds_sum{stage=\"redis\"} 1\n\
+                      deductor_event_stage_seconds_count{stage=\"redis\"} 10\n";
+        let after = "# HELP x\n\
+                     deductor_event_stage_seconds_bucket{stage=\"redis\",le=\"0.001\"} 3\n\
+                     deductor_event_stage_seconds_sum{stage=\"redis\"} 3\n\
+                     deductor_event_stage_seconds_count{stage=\"redis\"} 30\n\
+                     deductor_event_stage_seconds_sum{stage=\"commit\"} 0.5\n\
+                     deductor_event_stage_seconds_count{stage=\"commit\"} 5\n\
+                     deductor_event_stage_seconds_sum{stage=\"publish\"} 0\n\
+                     deductor_event_stage_seconds_count{stage=\"publish\"} 0\n";
+        let m = stage_means(before, after);
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert!((m["redis"] - 100.0).abs() < 1e-9, "{m:?}");
+        assert!((m["commit"] - 100.0).abs() < 1e-9, "{m:?}");
+    }
 }

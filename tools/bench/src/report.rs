@@ -68,6 +68,9 @@ pub struct Latency {
     /// p50, p99 of: produce timestamp -> the bench's read_committed reader
     /// got the outcome (exactly_once: after its transaction committed).
     pub visible_ms: [i64; 2],
+    /// Mean ms per stage of `deductor_event_stage_seconds` over the
+    /// measured events (fetched, admitted, redis, publish, commit).
+    pub stages_ms: std::collections::BTreeMap<String, f64>,
     pub cpu_per_1k: f64,
     pub max_rss_mib: f64,
     pub exit_code: i32,
@@ -356,6 +359,18 @@ impl Report {
                 l.to_processed_ms[0], l.to_processed_ms[1], l.to_append_ms[0], l.to_append_ms[1],
                 l.visible_ms[0], l.visible_ms[1],
             );
+            if !l.stages_ms.is_empty() {
+                let order = ["fetched", "admitted", "redis", "publish", "commit"];
+                let each: Vec<String> = order
+                    .iter()
+                    .filter_map(|k| l.stages_ms.get(*k).map(|v| format!("{k} {v:.1}")))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "| where an event's time goes inside deductor, mean ms per stage (`deductor_event_stage_seconds`): record timestamp -> lane (fetched); -> started (admitted); Redis; outcome sent -> acknowledged (publish); acknowledged -> commit | {} | | | | |",
+                    each.join(" / "),
+                );
+            }
         }
         self.spring_rows(&mut s);
         let runs: Vec<&Run> = [&self.spread, &self.hot, &self.baseline]
