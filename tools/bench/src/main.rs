@@ -293,8 +293,10 @@ async fn throughput(
     let port = proc::free_port()?;
     let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, true, port);
     let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag), Some(port))?;
+    let last_metrics = child.last_metrics();
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
     let usage = blocking(move || child.wait(timeout)).await?;
+    let stages_ms = proc::stage_means("", &last_metrics.lock().unwrap_or_else(|p| p.into_inner()));
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
     if usage.exit_code != 0 {
         bail!(
@@ -306,9 +308,10 @@ async fn throughput(
     let (calls, usec) = ctx.redis.script_stats().await?;
     let (brokers, topic) = (ctx.opts.brokers.clone(), out.clone());
     let outcomes = blocking(move || kafka::read_all(&brokers, &topic)).await?;
-    let run = summarize(
+    let mut run = summarize(
         label, w, n, refunds, preload_s, usage, &outcomes, calls, usec, redis_cpu, kafka_cpu, extra,
     )?;
+    run.stages_ms = stages_ms;
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
         run.events_per_s, run.cpu_per_1k, run.max_rss_mib
@@ -372,6 +375,7 @@ fn summarize(
         redis_cpu_share: redis_cpu / usage.wall_s,
         kafka_cpu_share: kafka_cpu / usage.wall_s,
         tally,
+        stages_ms: BTreeMap::new(),
     })
 }
 

@@ -29,13 +29,15 @@ impl Usage {
 pub struct Child {
     pid: i32,
     waiter: std::thread::JoinHandle<anyhow::Result<Usage>>,
+    /// The text of its last /metrics scrape (empty before one answered).
+    last_metrics: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 /// Starts `bin args...` with every `DEDUCTOR_*` variable of this process
 /// removed (the bench passes its settings as flags), output to `log`.
-/// `metrics_port`: deductor's /metrics, scraped every 10 s while it runs,
+/// `metrics_port`: deductor's /metrics, scraped every 2 s while it runs,
 /// as Prometheus would (a scrape also drains the histogram samples that the
-/// exporter keeps until then).
+/// exporter keeps until then); the last text is kept ([`Child::last_metrics`]).
 pub fn spawn(
     bin: &Path,
     args: &[String],
@@ -52,8 +54,14 @@ pub fn spawn(
     // The child is reaped by wait4 below, never by std (which would lose
     // the rusage); `child` is only dropped.
     drop(child);
-    let waiter = std::thread::spawn(move || wait4(pid, started, metrics_port));
-    Ok(Child { pid, waiter })
+    let last_metrics = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let last = last_metrics.clone();
+    let waiter = std::thread::spawn(move || wait4(pid, started, metrics_port, &last));
+    Ok(Child {
+        pid,
+        waiter,
+        last_metrics,
+    })
 }
 
 /// Peak resident set of a running process's current image, KiB.
@@ -68,7 +76,12 @@ fn vm_hwm_kib(pid: i32) -> Option<u64> {
 /// Reaps the child, reading its VmHWM every 20 ms until then. (The rusage
 /// ru_maxrss cannot be used: Linux carries the parent's peak RSS at fork
 /// into the child's, so it reported the bench's own memory.)
-fn wait4(pid: i32, started: Instant, metrics_port: Option<u16>) -> anyhow::Result<Usage> {
+fn wait4(
+    pid: i32,
+    started: Instant,
+    metrics_port: Option<u16>,
+    last: &std::sync::Mutex<String>,
+) -> anyhow::Result<Usage> {
     let mut status = 0;
     let mut hwm = 0;
     let mut scraped = Instant::now();
@@ -87,9 +100,11 @@ fn wait4(pid: i32, started: Instant, metrics_port: Option<u16>) -> anyhow::Resul
             bail!("wait4({pid}): {}", std::io::Error::last_os_error());
         }
         if let Some(port) = metrics_port {
-            if scraped.elapsed() >= Duration::from_secs(10) {
+            if scraped.elapsed() >= Duration::from_secs(2) {
                 scraped = Instant::now();
-                scrape(port);
+                if let Some(text) = metrics_text(port) {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = text;
+                }
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -108,12 +123,6 @@ fn wait4(pid: i32, started: Instant, metrics_port: Option<u16>) -> anyhow::Resul
         sys_s: secs(ru.ru_stime),
         max_rss_kib: hwm,
     })
-}
-
-/// GET /metrics, body discarded; failures are ignored (the service may
-/// not be listening yet).
-fn scrape(port: u16) {
-    let _ = metrics_text(port);
 }
 
 /// GET /metrics: the response (headers and body), or None when the
@@ -187,6 +196,11 @@ pub fn free_port() -> anyhow::Result<u16> {
 impl Child {
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// A handle on the text of its last /metrics scrape.
+    pub fn last_metrics(&self) -> std::sync::Arc<std::sync::Mutex<String>> {
+        self.last_metrics.clone()
     }
 
     pub fn finished(&self) -> bool {

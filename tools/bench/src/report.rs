@@ -48,6 +48,9 @@ pub struct Run {
     pub redis_cpu_share: f64,
     pub kafka_cpu_share: f64,
     pub tally: BTreeMap<String, u64>,
+    /// Mean ms per stage of `deductor_event_stage_seconds`, from the last
+    /// scrape (every 2 s) before the process exited.
+    pub stages_ms: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,7 +73,7 @@ pub struct Latency {
     pub visible_ms: [i64; 2],
     /// Mean ms per stage of `deductor_event_stage_seconds` over the
     /// measured events (fetched, admitted, redis, publish, commit).
-    pub stages_ms: std::collections::BTreeMap<String, f64>,
+    pub stages_ms: BTreeMap<String, f64>,
     pub cpu_per_1k: f64,
     pub max_rss_mib: f64,
     pub exit_code: i32,
@@ -360,15 +363,20 @@ impl Report {
                 l.visible_ms[0], l.visible_ms[1],
             );
             if !l.stages_ms.is_empty() {
-                let order = ["fetched", "admitted", "redis", "publish", "commit"];
-                let each: Vec<String> = order
-                    .iter()
-                    .filter_map(|k| l.stages_ms.get(*k).map(|v| format!("{k} {v:.1}")))
-                    .collect();
                 let _ = writeln!(
                     s,
                     "| where an event's time goes inside deductor, mean ms per stage (`deductor_event_stage_seconds`): record timestamp -> lane (fetched); -> started (admitted); Redis; outcome sent -> acknowledged (publish); acknowledged -> commit | {} | | | | |",
-                    each.join(" / "),
+                    stages(&l.stages_ms),
+                );
+            }
+        }
+        for r in [&self.spread, &self.hot].into_iter().flatten() {
+            if !r.stages_ms.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "| {}: where an event's time goes, mean ms per stage (as above; whole backlog at start, so `fetched` is mostly the backlog's wait) | {} | | | | |",
+                    r.label,
+                    stages(&r.stages_ms),
                 );
             }
         }
@@ -516,6 +524,15 @@ impl Report {
     }
 }
 
+/// `fetched 1.0 / admitted 0.1 / ...`, in the order of an event's life.
+fn stages(m: &BTreeMap<String, f64>) -> String {
+    ["fetched", "admitted", "redis", "publish", "commit"]
+        .iter()
+        .filter_map(|k| m.get(*k).map(|v| format!("{k} {v:.1}")))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,6 +561,7 @@ mod tests {
             redis_cpu_share: 0.5,
             kafka_cpu_share: 0.2,
             tally: BTreeMap::new(),
+            stages_ms: BTreeMap::new(),
         }
     }
 
