@@ -73,10 +73,10 @@ pub struct Opts {
     #[arg(long)]
     ceiling_requests: Option<u64>,
     /// Parts to run, comma separated:
-    /// ceiling,spread,hot,baseline,latency,spring,spring-record.
+    /// ceiling,spread,hot,baseline,latency,spring,spring-record,spring-hot.
     #[arg(
         long,
-        default_value = "ceiling,spread,hot,baseline,latency,spring,spring-record",
+        default_value = "ceiling,spread,hot,baseline,latency,spring,spring-record,spring-hot",
         value_delimiter = ','
     )]
     only: Vec<String>,
@@ -289,6 +289,7 @@ async fn throughput(
 
     eprintln!("bench: {label}: deductor run --until-drained");
     ctx.redis.reset_stats().await?;
+    let memory0 = ctx.redis.used_memory().await?;
     let servers = Servers::start(ctx);
     let port = proc::free_port()?;
     let args = ctx.deductor_args(&input, &out, &dlq, &tag, extra, true, port);
@@ -306,12 +307,14 @@ async fn throughput(
         );
     }
     let (calls, usec) = ctx.redis.script_stats().await?;
+    let memory1 = ctx.redis.used_memory().await?;
     let (brokers, topic) = (ctx.opts.brokers.clone(), out.clone());
     let outcomes = blocking(move || kafka::read_all(&brokers, &topic)).await?;
     let mut run = summarize(
         label, w, n, refunds, preload_s, usage, &outcomes, calls, usec, redis_cpu, kafka_cpu, extra,
     )?;
     run.stages_ms = stages_ms;
+    run.redis_memory_growth_b = Some(memory1 as i64 - memory0 as i64);
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
         run.events_per_s, run.cpu_per_1k, run.max_rss_mib
@@ -376,6 +379,7 @@ fn summarize(
         kafka_cpu_share: kafka_cpu / usage.wall_s,
         tally,
         stages_ms: BTreeMap::new(),
+        redis_memory_growth_b: None,
     })
 }
 
@@ -696,8 +700,12 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
         let nl = ctx.opts.latency_events.unwrap_or(n / 2);
         report.latency = Some(latency(ctx, "latency", rate, nl, &[]).await?);
     }
-    for mode in [spring::Mode::Batch, spring::Mode::Record] {
-        let part = mode.part();
+    for (mode, w) in [
+        (spring::Mode::Batch, Workload::Spread),
+        (spring::Mode::Record, Workload::Spread),
+        (spring::Mode::Batch, Workload::Hot),
+    ] {
+        let part = spring::part(mode, w);
         if !ctx.wants(part) {
             continue;
         }
@@ -705,10 +713,11 @@ async fn run_parts(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
             bail!("the {part} part needs --spring-jar (scripts/bench builds it), or leave it out of --only");
         };
         let ns = ctx.opts.spring_events.unwrap_or(n);
-        let run = spring::throughput(ctx, &jar, mode, ns).await?;
-        match mode {
-            spring::Mode::Batch => report.spring_batch = Some(run),
-            spring::Mode::Record => report.spring_record = Some(run),
+        let run = spring::throughput(ctx, &jar, mode, w, ns).await?;
+        match (mode, w) {
+            (spring::Mode::Batch, Workload::Spread) => report.spring_batch = Some(run),
+            (spring::Mode::Record, _) => report.spring_record = Some(run),
+            (spring::Mode::Batch, Workload::Hot) => report.spring_hot = Some(run),
         }
     }
     if ctx.wants("ceiling") {

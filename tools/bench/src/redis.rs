@@ -97,6 +97,16 @@ impl Redis {
         v.as_string().context("SCRIPT LOAD reply")
     }
 
+    /// INFO memory's `used_memory`, bytes.
+    pub async fn used_memory(&self) -> anyhow::Result<u64> {
+        let v = self.run("INFO", vec!["memory".to_owned()]).await?;
+        let text = v.as_string().unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|n| n.trim().parse().ok())
+            .context("INFO memory has no used_memory")
+    }
+
     /// Zeroes INFO commandstats.
     pub async fn reset_stats(&self) -> anyhow::Result<()> {
         self.run("CONFIG", vec!["RESETSTAT".to_owned()]).await?;

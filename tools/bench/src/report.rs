@@ -51,6 +51,28 @@ pub struct Run {
     /// Mean ms per stage of `deductor_event_stage_seconds`, from the last
     /// scrape (every 2 s) before the process exited.
     pub stages_ms: BTreeMap<String, f64>,
+    /// Growth of Redis's `used_memory` over the run, bytes.
+    pub redis_memory_growth_b: Option<i64>,
+}
+
+impl Run {
+    /// Redis memory per accepted order: `used_memory`'s growth over the
+    /// run divided by the DeductAccepted outcomes.
+    pub fn redis_b_per_accepted(&self) -> Option<f64> {
+        let accepted = *self.tally.get("DeductAccepted")?;
+        let growth = self.redis_memory_growth_b?;
+        (accepted > 0).then(|| growth as f64 / accepted as f64)
+    }
+
+    /// CPU µs per event of the service, Redis and the broker over the run.
+    pub fn cpu_us_per_event(&self) -> [f64; 3] {
+        let per = |cpu_s: f64| cpu_s / self.events as f64 * 1e6;
+        [
+            per(self.cpu_s),
+            per(self.redis_cpu_share * self.wall_s),
+            per(self.kafka_cpu_share * self.wall_s),
+        ]
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -112,6 +134,8 @@ pub struct Report {
     /// batch-tuned listener and the one-record-at-a-time one.
     pub spring_batch: Option<Run>,
     pub spring_record: Option<Run>,
+    /// The batch-tuned Spring service on the hot backlog (issue 27's table).
+    pub spring_hot: Option<Run>,
     /// A --variant comparison (then the parts above are not run).
     pub comparison: Option<crate::compare::Comparison>,
 }
@@ -197,6 +221,7 @@ impl Report {
             latency: None,
             spring_batch: None,
             spring_record: None,
+            spring_hot: None,
             comparison: None,
         }
     }
@@ -233,6 +258,7 @@ impl Report {
              deductor at commit {}. Load average (1/5/15 min) before: {}; after: {}.\n",
             self.date, m.cpu, m.cores, m.memory_gib, m.kernel, self.commit, m.load_before, m.load_after
         );
+        self.issue27_table(&mut s);
         let _ = writeln!(
             s,
             "| figure | measured | ceiling / baseline | ratio | target | met |"
@@ -443,7 +469,7 @@ impl Report {
             );
         }
         s.push('\n');
-        let springs = [&self.spring_batch, &self.spring_record];
+        let springs = [&self.spring_batch, &self.spring_record, &self.spring_hot];
         for r in runs.iter().copied().chain(springs.into_iter().flatten()) {
             let tally: Vec<String> = r.tally.iter().map(|(k, v)| format!("{k}: {v}")).collect();
             let _ = writeln!(
@@ -457,6 +483,116 @@ impl Report {
             );
         }
         s
+    }
+
+    /// Issue 27's table: deductor over the batch-tuned Spring service, spread
+    /// and hot, each figure as `deductor / Spring = ratio`, with its goal.
+    /// Written only when both pairs of runs are there.
+    fn issue27_table(&self, s: &mut String) {
+        let (Some(ds), Some(ss), Some(dh), Some(sh)) = (
+            &self.spread,
+            &self.spring_batch,
+            &self.hot,
+            &self.spring_hot,
+        ) else {
+            return;
+        };
+        let cell = |d: Option<f64>, r: Option<f64>, unit: &str| match (d, r) {
+            (Some(d), Some(r)) if r > 0.0 => format!("{d:.0} / {r:.0} {unit} = **{:.2}x**", d / r),
+            (Some(d), _) => format!("{d:.0} / n/a {unit}"),
+            _ => "n/a".to_owned(),
+        };
+        let cpu = |r: &Run, i: usize| Some(r.cpu_us_per_event()[i]);
+        let all = |r: &Run| Some(r.cpu_us_per_event().iter().sum::<f64>());
+        let _ = writeln!(
+            s,
+            "Issue 27's table: deductor / the batch-tuned Spring service (tools/bench/spring, the reference script),              same broker, Redis and events, in this run. CPU per event is over each run (Spring's: first to last outcome).
+"
+        );
+        let _ = writeln!(s, "| figure, deductor / Spring | spread | hot | goal |");
+        let _ = writeln!(s, "|---|---|---|---|");
+        let rows: [(
+            &str,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            &str,
+            &str,
+        ); 7] = [
+            (
+                "events/s",
+                Some(ds.events_per_s),
+                Some(ss.events_per_s),
+                Some(dh.events_per_s),
+                Some(sh.events_per_s),
+                "",
+                ">= 1.5x, both",
+            ),
+            (
+                "CPU per event of the service",
+                cpu(ds, 0),
+                cpu(ss, 0),
+                cpu(dh, 0),
+                cpu(sh, 0),
+                "µs",
+                "no worse than today",
+            ),
+            (
+                "Redis CPU per event",
+                cpu(ds, 1),
+                cpu(ss, 1),
+                cpu(dh, 1),
+                cpu(sh, 1),
+                "µs",
+                "hot <= 0.5x, spread <= 1.0x",
+            ),
+            (
+                "broker CPU per event",
+                cpu(ds, 2),
+                cpu(ss, 2),
+                cpu(dh, 2),
+                cpu(sh, 2),
+                "µs",
+                "spread <= 1.0x",
+            ),
+            (
+                "CPU per event, all three processes",
+                all(ds),
+                all(ss),
+                all(dh),
+                all(sh),
+                "µs",
+                "",
+            ),
+            (
+                "Redis memory per accepted order (`used_memory` growth / DeductAccepted)",
+                ds.redis_b_per_accepted(),
+                ss.redis_b_per_accepted(),
+                dh.redis_b_per_accepted(),
+                sh.redis_b_per_accepted(),
+                "B",
+                "<= 1.0x",
+            ),
+            (
+                "peak RSS",
+                Some(ds.max_rss_mib),
+                Some(ss.max_rss_mib),
+                Some(dh.max_rss_mib),
+                Some(sh.max_rss_mib),
+                "MiB",
+                "no worse than today",
+            ),
+        ];
+        for (what, d1, r1, d2, r2, unit, goal) in rows {
+            let _ = writeln!(
+                s,
+                "| {what} | {} | {} | {goal} |",
+                cell(d1, r1, unit),
+                cell(d2, r2, unit)
+            );
+        }
+        s.push('\n');
     }
 
     /// Issue 14's Spring comparison: the services' own figures, then
@@ -562,6 +698,7 @@ mod tests {
             kafka_cpu_share: 0.2,
             tally: BTreeMap::new(),
             stages_ms: BTreeMap::new(),
+            redis_memory_growth_b: None,
         }
     }
 
@@ -601,5 +738,40 @@ mod tests {
             "{rss}"
         );
         assert!(md.contains("- spring-batch outcomes"), "{md}");
+    }
+
+    #[test]
+    fn issue_27s_table_gives_each_figure_over_the_spring_service_spread_and_hot() {
+        let mut r = Report::start(Path::new("deductor"), 1_000, 12);
+        r.spread = Some(run("spread", 9_000.0, 50.0));
+        r.hot = Some(run("hot", 6_000.0, 60.0));
+        r.spring_batch = Some(run("spring-batch", 3_000.0, 400.0));
+        assert!(
+            !r.markdown().contains("Issue 27's table"),
+            "written only with the hot pair too"
+        );
+        let mut sh = run("spring-batch-hot", 4_000.0, 500.0);
+        sh.tally.insert("DeductAccepted".into(), 500);
+        sh.redis_memory_growth_b = Some(100_000);
+        r.spring_hot = Some(sh);
+        let mut dh = run("hot", 6_000.0, 60.0);
+        dh.tally.insert("DeductAccepted".into(), 400);
+        dh.redis_memory_growth_b = Some(120_000);
+        r.hot = Some(dh);
+        let md = r.markdown();
+        let rate = row(&md, "| events/s |");
+        assert!(
+            rate.contains("| 9000 / 3000  = **3.00x** | 6000 / 4000  = **1.50x** |"),
+            "{rate}"
+        );
+        let mem = row(&md, "| Redis memory per accepted order");
+        assert!(
+            mem.contains("| n/a | 300 / 200 B = **1.50x** | <= 1.0x |"),
+            "{mem}"
+        );
+        // run(): cpu_s 0.1 over 1,000 events, Redis 0.5 and broker 0.2 cores over 1 s.
+        let redis = row(&md, "| Redis CPU per event |");
+        assert!(redis.contains("500 / 500 µs = **1.00x**"), "{redis}");
+        assert!(md.find("Issue 27's table") < md.find("| figure | measured |"));
     }
 }

@@ -53,6 +53,15 @@ impl Mode {
     }
 }
 
+/// The `--only` name of a Spring run: `spring` and `spring-record` on the
+/// spread workload, `spring-hot` (batch listener) on the hot one.
+pub fn part(mode: Mode, w: Workload) -> &'static str {
+    match w {
+        Workload::Spread => mode.part(),
+        Workload::Hot => "spring-hot",
+    }
+}
+
 /// CPU seconds of the service, Redis and the broker at one moment.
 #[derive(Debug, Clone, Copy)]
 struct Mark {
@@ -73,10 +82,18 @@ impl Mark {
     }
 }
 
-/// One run of the Spring service over a fresh spread backlog of `n` events.
-pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow::Result<Run> {
-    let label = mode.label();
-    let w = Workload::Spread;
+/// One run of the Spring service over a fresh backlog of `n` events of `w`.
+pub async fn throughput(
+    ctx: &mut Ctx,
+    jar: &Path,
+    mode: Mode,
+    w: Workload,
+    n: u64,
+) -> anyhow::Result<Run> {
+    let label = match w {
+        Workload::Spread => mode.label(),
+        Workload::Hot => "spring-batch-hot",
+    };
     ctx.redis
         .reset_reference(&workload::promotions(w, ctx.opts.flash_stock))
         .await?;
@@ -97,8 +114,10 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
         format!("--bench.output={out}"),
         format!("--bench.mode={}", mode.name()),
         format!("--bench.script={}", script.display()),
-        // The spread promotions' per-customer limit (workload::promotions).
+        // The spread promotions' per-customer limit (workload::promotions),
+        // and the hot one's.
         "--bench.limit=5".into(),
+        format!("--bench.limits={}=1", workload::FLASH),
     ];
     let threads = ctx
         .opts
@@ -112,6 +131,7 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
     }
     eprintln!("bench: {label}: java -jar {}", jar.display());
     ctx.redis.reset_stats().await?;
+    let memory0 = ctx.redis.used_memory().await?;
     let child = proc::spawn(&ctx.opts.java, &args, &ctx.log(&tag), None)?;
     let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
     let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
@@ -150,6 +170,7 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
         );
     };
     let (calls, usec) = ctx.redis.script_stats().await?;
+    let memory1 = ctx.redis.used_memory().await?;
     // The window between the first and the last outcome stands for the
     // process's life in the figures (CPU per event, the servers' shares).
     let window = Usage {
@@ -159,7 +180,7 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
         sys_s: 0.0,
         max_rss_kib: usage.max_rss_kib,
     };
-    let run = summarize(
+    let mut run = summarize(
         label,
         w,
         n,
@@ -173,6 +194,7 @@ pub async fn throughput(ctx: &mut Ctx, jar: &Path, mode: Mode, n: u64) -> anyhow
         last.kafka - first.kafka,
         &[],
     )?;
+    run.redis_memory_growth_b = Some(memory1 as i64 - memory0 as i64);
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
         run.events_per_s, run.cpu_per_1k, run.max_rss_mib

@@ -64,6 +64,8 @@ public class ReferenceService {
         final JsonMapper json;
         final String output;
         final String limit;
+        /** Per-promotion limits over `limit` (bench.limits: "P=N,P2=N2"). */
+        final Map<String, String> limits;
         final String ttl;
         final byte[] sha;
 
@@ -71,12 +73,21 @@ public class ReferenceService {
                   @Value("${bench.output}") String output,
                   @Value("${bench.script}") String script,
                   @Value("${bench.limit:5}") long limit,
+                  @Value("${bench.limits:}") String limits,
                   @Value("${bench.ttl-secs:86400}") long ttl) throws Exception {
             this.redis = redis;
             this.kafka = kafka;
             this.json = JsonMapper.builder().build();
             this.output = output;
             this.limit = Long.toString(limit);
+            Map<String, String> m = new java.util.HashMap<>();
+            for (String kv : limits.split(",")) {
+                int eq = kv.indexOf('=');
+                if (eq > 0) {
+                    m.put(kv.substring(0, eq).trim(), Long.toString(Long.parseLong(kv.substring(eq + 1).trim())));
+                }
+            }
+            this.limits = m;
             this.ttl = Long.toString(ttl);
             byte[] body = Files.readAllBytes(Path.of(script));
             String s = redis.execute((RedisCallback<String>) c -> c.scriptingCommands().scriptLoad(body));
@@ -97,7 +108,7 @@ public class ReferenceService {
                 bytes("idem:{" + p + "}:" + e.event_id()),
                 bytes(Long.toString(l.budget() == null ? 0 : l.budget())),
                 bytes(Long.toString(l.stock() == null ? 1 : l.stock())),
-                bytes(limit),
+                bytes(limits.getOrDefault(p, limit)),
                 bytes(ttl),
             };
             return c.scriptingCommands().evalSha(sha, ReturnType.INTEGER, 4, kv);
