@@ -511,15 +511,7 @@ impl Report {
         );
         let _ = writeln!(s, "| figure, deductor / Spring | spread | hot | goal |");
         let _ = writeln!(s, "|---|---|---|---|");
-        let rows: [(
-            &str,
-            Option<f64>,
-            Option<f64>,
-            Option<f64>,
-            Option<f64>,
-            &str,
-            &str,
-        ); 7] = [
+        let rows: [Row27; 7] = [
             (
                 "events/s",
                 Some(ds.events_per_s),
@@ -659,6 +651,18 @@ impl Report {
         }
     }
 }
+
+/// One row of issue 27's table: the figure, deductor and Spring on spread,
+/// the same on hot, the unit, the goal.
+type Row27<'a> = (
+    &'a str,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    &'a str,
+    &'a str,
+);
 
 /// `fetched 1.0 / admitted 0.1 / ...`, in the order of an event's life.
 fn stages(m: &BTreeMap<String, f64>) -> String {
