@@ -497,17 +497,24 @@ impl Report {
         ) else {
             return;
         };
-        let cell = |d: Option<f64>, r: Option<f64>, unit: &str| match (d, r) {
-            (Some(d), Some(r)) if r > 0.0 => format!("{d:.0} / {r:.0} {unit} = **{:.2}x**", d / r),
-            (Some(d), _) => format!("{d:.0} / n/a {unit}"),
-            _ => "n/a".to_owned(),
+        let cell = |d: Option<f64>, r: Option<f64>, unit: &str| {
+            let u = if unit.is_empty() {
+                String::new()
+            } else {
+                format!(" {unit}")
+            };
+            match (d, r) {
+                (Some(d), Some(r)) if r > 0.0 => format!("{d:.0} / {r:.0}{u} = **{:.2}x**", d / r),
+                (Some(d), _) => format!("{d:.0} / n/a{u}"),
+                _ => "n/a".to_owned(),
+            }
         };
         let cpu = |r: &Run, i: usize| Some(r.cpu_us_per_event()[i]);
         let all = |r: &Run| Some(r.cpu_us_per_event().iter().sum::<f64>());
         let _ = writeln!(
             s,
-            "Issue 27's table: deductor / the batch-tuned Spring service (tools/bench/spring, the reference script),              same broker, Redis and events, in this run. CPU per event is over each run (Spring's: first to last outcome).
-"
+            "Issue 27's table: deductor / the batch-tuned Spring service (tools/bench/spring, the reference script), \
+             same broker, Redis and events, in this run. CPU per event is over each run (Spring's: first to last outcome).\n"
         );
         let _ = writeln!(s, "| figure, deductor / Spring | spread | hot | goal |");
         let _ = writeln!(s, "|---|---|---|---|");
@@ -765,7 +772,7 @@ mod tests {
         let md = r.markdown();
         let rate = row(&md, "| events/s |");
         assert!(
-            rate.contains("| 9000 / 3000  = **3.00x** | 6000 / 4000  = **1.50x** |"),
+            rate.contains("| 9000 / 3000 = **3.00x** | 6000 / 4000 = **1.50x** |"),
             "{rate}"
         );
         let mem = row(&md, "| Redis memory per accepted order");
