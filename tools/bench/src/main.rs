@@ -664,8 +664,8 @@ async fn compare(ctx: &mut Ctx, report: &mut Report) -> anyhow::Result<()> {
                 p99_ms: l.p99_ms,
                 p999_ms: l.p999_ms,
                 visible_p99_ms: l.visible_ms[1],
-                redis_cpu_us: run.redis_cpu_share * run.wall_s / run.events as f64 * 1e6,
-                broker_cpu_us: run.kafka_cpu_share * run.wall_s / run.events as f64 * 1e6,
+                redis_cpu_us: run.cpu_us_per_event()[1],
+                broker_cpu_us: run.cpu_us_per_event()[2],
             });
         }
     }

@@ -458,14 +458,11 @@ impl Report {
                 r.redis_usec_per_event,
                 r.redis_busy * 100.0,
             );
-            let per_event = |cores: f64| cores * r.wall_s / r.events as f64 * 1e6;
+            let [service, redis, broker] = r.cpu_us_per_event();
             let _ = writeln!(
                 s,
-                "| {}: CPU per event of deductor / Redis / Kafka broker (whole process, wall-clock window) | {:.0} / {:.0} / {:.0} µs | | | | |",
+                "| {}: CPU per event of deductor / Redis / Kafka broker (whole process, wall-clock window) | {service:.0} / {redis:.0} / {broker:.0} µs | | | | |",
                 r.label,
-                r.cpu_s / r.events as f64 * 1e6,
-                per_event(r.redis_cpu_share),
-                per_event(r.kafka_cpu_share),
             );
         }
         s.push('\n');
