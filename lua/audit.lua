@@ -23,7 +23,9 @@
 -- Reply: {"ok", promotion, records, counters}
 --   promotion  {type, fields...}: type "hash" with the fields of FIELDS it holds as flat
 --              pairs (HMGET), "none" when absent, or another TYPE (corrupt)
---   records    {key, type, fields...} for each promo:{P}:order:O listed
+--   records    {key, type, values...} for each promo:{P}:order:O listed: "string" and its
+--              value (the lean layout of lib.lua), or "hash" and the fields of FIELDS it
+--              holds (the previous layout), or another type (corrupt)
 --   counters   {key, type, value} for each promo:{P}:used:C listed, and for the
 --              counter of every customer a listed record names (read at the same instant)
 
@@ -104,6 +106,16 @@ for _, k in ipairs(keys) do
     if r[2] == 'hash' then
       for i = 3, #r - 1, 2 do
         if r[i] == 'customer' then counter(used_prefix .. r[i + 1]) end
+      end
+    elseif r[2] == 'string' then
+      -- The lean layout's 7th field is the customer (empty: none).
+      local n = 0
+      for tok in string.gmatch(r[3] .. '|', '([^|]*)|') do
+        n = n + 1
+        if n == 7 then
+          if tok ~= '' then counter(used_prefix .. tok) end
+          break
+        end
       end
     end
   elseif string.sub(k, 1, #used_prefix) == used_prefix then

@@ -3,8 +3,10 @@
 -- KEYS[1] promotion  promo:{P}                 hash: budget, stock, per_customer, status, starts_at,
 --                                               ends_at, initial_budget, initial_stock, gen
 -- KEYS[2] used       promo:{P}:used:{C}        string int: counted orders of C holding P
--- KEYS[3] record     promo:{P}:order:{O}       hash: state, event, budget, stock, budget0, stock0,
---                                               customer, counted, gen, absorbed, refund:<E>...
+-- KEYS[3] record     promo:{P}:order:{O}       string (lean layout, lib.lua; a hash of the previous
+--                                               layout is read too): state, event, budget, stock,
+--                                               budget0, stock0, customer, counted, gen, absorbed,
+--                                               absorbed:<E>..., refund:<E>...
 -- KEYS[4] memo       promo:{P}:rejected:{E}    string: the rejection reason of event E (including
 --                                               corrupt_promotion), or "accepted" when step 1
 --                                               absorbed E into another event's record, or
@@ -105,7 +107,8 @@ local function main()
     if rec.event ~= event then
       redis.call('SET', k_memo, ABSORBED, 'EX', record_ttl)
       if rec.state == 'deducted' and rec.absorbed == nil then
-        redis.call('HSET', k_record, 'absorbed', event)
+        rec.fields.absorbed = event
+        write_record(k_record, rec.fields)
       elseif rec.state == 'deducted' and rec.absorbed ~= event and rec.fields['absorbed:' .. event] == nil then
         -- Every absorbed event is noted, numbered in the order they come, so that
         -- a chain (the first one released, then the record's own event) still
@@ -114,7 +117,8 @@ local function main()
         for f, v in pairs(rec.fields) do
           if string.sub(f, 1, 9) == 'absorbed:' and tonumber(v) > last then last = tonumber(v) end
         end
-        redis.call('HSET', k_record, 'absorbed:' .. event, int(last + 1))
+        rec.fields['absorbed:' .. event] = int(last + 1)
+        write_record(k_record, rec.fields)
       end
     end
     local p = lenient(read_promotion, k_promo)
@@ -157,20 +161,16 @@ local function main()
   if promo.stock then promo.stock = redis.call('HINCRBY', k_promo, 'stock', int(-s)) end
   local counted = '0'
   if promo.per_customer then
-    redis.call('INCR', k_used)
-    redis.call('EXPIRE', k_used, record_ttl)
+    -- The count read above plus one, with its TTL, in one command (as INCR and
+    -- EXPIRE would leave it).
+    redis.call('SET', k_used, int(used + 1), 'EX', record_ttl)
     counted = '1'
   end
-  -- One HSET for the whole record, `gen` included when the promotion has one.
-  local fields = { 'state', 'deducted', 'event', event,
-    'budget', ARGV[1], 'stock', ARGV[2], 'budget0', ARGV[1], 'stock0', ARGV[2],
-    'customer', customer, 'counted', counted }
-  if promo.gen then
-    fields[#fields + 1] = 'gen'
-    fields[#fields + 1] = promo.gen
-  end
-  redis.call('HSET', k_record, unpack(fields))
-  redis.call('EXPIRE', k_record, record_ttl)
+  -- One SET for the whole record with its TTL (the lean layout of lib.lua),
+  -- `gen` included when the promotion has one.
+  write_record(k_record, { state = 'deducted', event = event, budget = ARGV[1], stock = ARGV[2],
+    budget0 = ARGV[1], stock0 = ARGV[2], customer = customer, counted = counted, gen = promo.gen },
+    record_ttl)
   return reply('accepted', '', 0, b, s)
 end
 

@@ -111,6 +111,78 @@ local function read_used(key)
   return tonumber(v)
 end
 
+-- promo:{P}:order:{O}, the lean layout (docs/contract.md section 2; issue 27
+-- item 2): one string, its fields joined by '|', positional first (empty =
+-- absent), then one `<name>=<value>` for each `absorbed:<E>` and `refund:<E>`:
+--   state|event|budget|stock|budget0|stock0|customer|counted|gen|absorbed[|name=value...]
+-- state is `d` (deducted) or `r` (reverted); an empty budget0 / stock0 is equal to
+-- budget / stock (the common case: nothing refunded yet); trailing empty fields are
+-- left off. '|' and '=' are in no event id, number or result, so the split is exact.
+-- Records written by releases before it are hashes with the same fields by name
+-- (the previous layout); read_record reads both, and every write stores the lean
+-- one (SET over the hash, KEEPTTL), so a rolling upgrade converts records as they
+-- are touched.
+local RECORD_FIELDS = { 'state', 'event', 'budget', 'stock', 'budget0', 'stock0', 'customer',
+  'counted', 'gen', 'absorbed' }
+local STATE_NAME = { d = 'deducted', r = 'reverted' }
+local STATE_CODE = { deducted = 'd', reverted = 'r' }
+
+-- A lean record's value as the field table a hash of the previous layout gives
+-- (HGETALL), or nil when it is not one (corrupt).
+local function decode_record(v)
+  local h, i = {}, 0
+  for tok in string.gmatch(v .. '|', '([^|]*)|') do
+    i = i + 1
+    if i <= #RECORD_FIELDS then
+      if tok ~= '' then h[RECORD_FIELDS[i]] = tok end
+    else
+      local name, value = string.match(tok, '^([^=]+)=(.*)$')
+      if not name or not (string.sub(name, 1, 9) == 'absorbed:' or string.sub(name, 1, 7) == 'refund:')
+        or h[name] ~= nil then
+        return nil
+      end
+      h[name] = value
+    end
+  end
+  h.state = STATE_NAME[h.state or '']
+  if h.state == nil then return nil end
+  h.budget0 = h.budget0 or h.budget
+  h.stock0 = h.stock0 or h.stock
+  return h
+end
+
+-- The lean value of a record's field table (only fields read_record validated or
+-- a script wrote; any other field of a previous-layout hash is dropped).
+local function encode_record(h)
+  local t = {}
+  for i, f in ipairs(RECORD_FIELDS) do t[i] = h[f] or '' end
+  t[1] = STATE_CODE[h.state]
+  if h.budget0 == h.budget then t[5] = '' end
+  if h.stock0 == h.stock then t[6] = '' end
+  local extra = {}
+  for f, v in pairs(h) do
+    if string.sub(f, 1, 9) == 'absorbed:' or string.sub(f, 1, 7) == 'refund:' then
+      extra[#extra + 1] = f .. '=' .. v
+    end
+  end
+  local n = #RECORD_FIELDS
+  if #extra == 0 then
+    while n > 1 and t[n] == '' do n = n - 1 end
+  end
+  table.sort(extra)
+  return table.concat(t, '|', 1, n) .. (#extra > 0 and '|' .. table.concat(extra, '|') or '')
+end
+
+-- Stores a record's field table: with its TTL in one command (`ttl`, seconds), or
+-- keeping the key's TTL (ttl nil; over a previous-layout hash too).
+local function write_record(key, h, ttl)
+  if ttl then
+    redis.call('SET', key, encode_record(h), 'EX', ttl)
+  else
+    redis.call('SET', key, encode_record(h), 'KEEPTTL')
+  end
+end
+
 -- promo:{P}:order:{O}: nil when absent. Besides the amounts, a record may hold
 -- (all optional: records written before they existed lack them):
 --   customer  the customer the deduction was made for (refunds act on it)
@@ -121,10 +193,21 @@ end
 --             order it came in (1, 2, ...); the first of them takes the place of
 --             `absorbed` when that one is released or handed the record
 --   refund:E  the result of refund event E on this line: "applied <b> <s>" | "rejected <reason>"
--- r.fields keeps the raw hash (for the refund results).
+-- r.fields keeps the record's field table (for the refund results, and for
+-- write_record after a change).
 local function read_record(key)
-  local h = read_hash(key)
-  if not h then return nil end
+  local h
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    if string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then fail(v.err) end
+    h = read_hash(key) -- the previous layout (or another type: corrupt)
+    if not h then return nil end
+  elseif v == false then
+    return nil
+  else
+    h = decode_record(v)
+    if not h then corrupt(key, 'value', v) end
+  end
   local r = { state = h.state, event = h.event, customer = h.customer, gen = h.gen, absorbed = h.absorbed, fields = h }
   if r.state ~= 'deducted' and r.state ~= 'reverted' then corrupt(key, 'state', h.state or '(absent)') end
   for _, f in ipairs({ 'budget', 'stock', 'budget0', 'stock0' }) do

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] promotion  promo:{P}            hash
 -- KEYS[2] used       promo:{P}:used:{C}   string int (C: the record's customer)
--- KEYS[3] record     promo:{P}:order:{O}  hash
+-- KEYS[3] record     promo:{P}:order:{O}  string (lean layout of lib.lua; or a hash of the previous one)
 -- KEYS[4] memo       promo:{P}:rejected:{E}  string: the line is marked here
 --
 -- ARGV[1] event_id         E: only a record that E deducted is released
@@ -61,6 +61,7 @@ local function main()
   end
 
   local released = 0
+  local changed = false -- the record's field table was changed (write it back)
   if rec and rec.state == 'deducted' and rec.event == event and not rec.absorbed
     and #further_absorbed(rec) == 0 and rec.counted ~= false
     and rec.customer ~= nil and rec.customer ~= customer then
@@ -86,15 +87,18 @@ local function main()
       end
     end
     if noted == nil then noted = table.remove(more, 1) end
-    if heir then redis.call('HSET', k_record, 'event', heir) end
-    if noted ~= rec.absorbed then
-      if noted then redis.call('HSET', k_record, 'absorbed', noted) else redis.call('HDEL', k_record, 'absorbed') end
-    end
+    -- The changes go into the record's field table, written once below.
+    local h = rec.fields
+    if heir then h.event = heir end
+    if noted ~= rec.absorbed then h.absorbed = noted end
     local kept = {}
     for _, e in ipairs(more) do kept[e] = true end
-    for f in pairs(rec.fields) do
-      if string.sub(f, 1, 9) == 'absorbed:' and not kept[string.sub(f, 10)] then redis.call('HDEL', k_record, f) end
+    local drop = {}
+    for f in pairs(h) do
+      if string.sub(f, 1, 9) == 'absorbed:' and not kept[string.sub(f, 10)] then drop[#drop + 1] = f end
     end
+    for _, f in ipairs(drop) do h[f] = nil end
+    changed = heir ~= nil or noted ~= rec.absorbed or #drop > 0
   end
   if rec and rec.state == 'deducted' and rec.event == event and not heir then
     do
@@ -109,14 +113,17 @@ local function main()
         if string.sub(f, 1, 7) == 'refund:' then refunded = true end
       end
       if refunded then
-        redis.call('HSET', k_record, 'state', 'reverted', 'budget', '0', 'stock', '0')
-        redis.call('HDEL', k_record, 'event')
+        local h = rec.fields
+        h.state, h.budget, h.stock, h.event = 'reverted', '0', '0', nil
+        changed = true
       else
         redis.call('DEL', k_record)
+        changed = false
       end
       released = 1
     end
   end
+  if changed then write_record(k_record, rec.fields) end
   if memo == nil or memo == ABSORBED then
     redis.call('SET', k_memo, RELEASED, 'EX', ttl)
   end

@@ -2,7 +2,8 @@
 --
 -- KEYS[1] promotion  promo:{P}               hash: budget, stock, initial_budget, initial_stock, gen
 -- KEYS[2] used       promo:{P}:used:{C}      string int (C = ARGV[6])
--- KEYS[3] record     promo:{P}:order:{O}     hash: state, event, budget, stock, budget0, stock0,
+-- KEYS[3] record     promo:{P}:order:{O}     string (lean layout of lib.lua; or a hash of the previous
+--                                             one): state, event, budget, stock, budget0, stock0,
 --                                             customer, counted, gen, refund:<E>...
 -- KEYS[4] memo       promo:{P}:refund:{E}    string: "rejected corrupt_promotion" when this line met
 --                                             corrupt data (TTL refund_ttl), or a result an older
@@ -102,17 +103,19 @@ local function main()
     if promo then left_b, left_s = promo.budget or -1, promo.stock or -1 end
     return { status, reason, dup, rb, rs, left_b, left_s }
   end
-  local function reject(reason)
-    redis.call('HSET', k_record, field, 'rejected ' .. reason)
+  -- The record's field table gets this event's result; written once, keeping the
+  -- record's TTL (ttl nil) or, for a new tombstone, with record_ttl.
+  local function reject(reason, ttl)
+    rec.fields[field] = 'rejected ' .. reason
+    write_record(k_record, rec.fields, ttl)
     return reply('rejected', reason, 0, 0, 0)
   end
 
   -- 2. Nothing deducted: leave a tombstone (holding this result) so that a late
   -- placement of this order is rejected order_reverted instead of deducted.
   if not rec then
-    redis.call('HSET', k_record, 'state', 'reverted', 'budget', '0', 'stock', '0', 'budget0', '0', 'stock0', '0')
-    redis.call('EXPIRE', k_record, record_ttl)
-    return reject('no_deduction')
+    rec = { fields = { state = 'reverted', budget = '0', stock = '0', budget0 = '0', stock0 = '0' } }
+    return reject('no_deduction', record_ttl)
   end
   if rec.state == 'reverted' then return reject('already_reverted') end
   -- The deduction counted for another customer than the event names: the caller
@@ -132,11 +135,13 @@ local function main()
     credit(k_promo, promo, 'stock', s)
   end
   local left_b, left_s = rec.budget - b, rec.stock - s
-  redis.call('HSET', k_record, 'budget', int(left_b), 'stock', int(left_s), field, 'applied ' .. int(b) .. ' ' .. int(s))
+  local h = rec.fields
+  h.budget, h.stock, h[field] = int(left_b), int(left_s), 'applied ' .. int(b) .. ' ' .. int(s)
   if left_b == 0 and left_s == 0 then
-    redis.call('HSET', k_record, 'state', 'reverted')
+    h.state = 'reverted'
     if rec.counted ~= false and used and used > 0 then redis.call('DECR', k_used) end
   end
+  write_record(k_record, h)
   return reply('applied', '', 0, b, s)
 end
 

@@ -299,6 +299,20 @@ def check_listen(name, env, cfg, values):
         problem(name, f"http.listen is {listen!r} in the pod (pod IP 127.0.0.1), want {want!r}")
 
 
+def check_no_mixed_releases(name, docs):
+    """Issue 27 item 3: an upgrade never runs two releases in one group (a
+    previous release cannot read the lean record layout)."""
+    workload = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")][0]
+    if workload["kind"] == "Deployment":
+        got = (workload["spec"].get("strategy") or {}).get("type")
+        if got != "Recreate":
+            problem(name, f"Deployment strategy {got!r}: an upgrade would run old and new pods in one group")
+    else:
+        got = (workload["spec"].get("updateStrategy") or {}).get("type")
+        if got != "OnDelete":
+            problem(name, f"StatefulSet updateStrategy {got!r}: an upgrade would run old and new pods in one group")
+
+
 def check_transactional_ids(name, container, cfg, values):
     if cfg["kafka"].get("delivery") != "exactly_once":
         return
@@ -432,6 +446,7 @@ for i, (redis, kafka, secret) in enumerate(itertools.product(REDIS, KAFKA, SECRE
     check_secret_use(name, container, volumes, cfg, secret)
     check_transactional_ids(name, container, cfg, values)
     check_listen(name, env, cfg, values)
+    check_no_mixed_releases(name, docs)
     topology = "sentinel" if redis == "sentinel" else redis
     server_kafka = {"plain": "kafka", "sasl": "kafka-sasl", "sasl-tls": "kafka-sasl-tls"}[kafka]
     if binary and topology in servers and up.get(topology) and up.get(server_kafka) and (kafka != "sasl-tls" or kafka_ca):

@@ -15,7 +15,7 @@ use std::io::Write;
 
 use crate::domain::event::Id;
 use crate::domain::keys::Keys;
-use crate::domain::stored::{canonical, event_id};
+use crate::domain::stored::{canonical, event_id, record_fields};
 use crate::ledger::calls::AuditMode;
 use crate::ledger::reply::{AuditReply, Snapshot, Stored};
 use crate::ledger::store::KeyType;
@@ -267,14 +267,22 @@ pub fn report(keys: &Keys, p: &Id, s: &Snapshot) -> Report {
         }
     }
     for (key, rec) in &s.records {
+        let lean;
         let h = match rec {
             Stored::Absent => continue,
             Stored::Hash(h) => h,
-            Stored::String(_) => {
-                r.records += 1;
-                bad.push(corrupt(key, "type", "string"));
-                continue;
-            }
+            // The lean layout (docs/contract.md section 2), read as lib.lua reads it.
+            Stored::String(v) => match record_fields(v) {
+                Some(fields) => {
+                    lean = fields;
+                    &lean
+                }
+                None => {
+                    r.records += 1;
+                    bad.push(corrupt(key, "value", v));
+                    continue;
+                }
+            },
             Stored::Other(t) => {
                 r.records += 1;
                 bad.push(corrupt(key, "type", t));

@@ -7,10 +7,11 @@
 //! stored rather than refused. Without `--promotion`, the keys are found
 //! with SCAN across every promotion under the prefix.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use crate::domain::event::Id;
+use crate::ledger::reply::Stored;
 use crate::ledger::store::KeyType;
 use crate::ledger::{Ledger, LedgerError};
 
@@ -392,10 +393,14 @@ async fn read_record(ledger: &Ledger, key: &str) -> Result<Option<Record>, Ledge
     let Some(order) = rest.strip_prefix("order:") else {
         return Ok(None);
     };
-    let h = ledger.hash(key).await?;
-    if h.is_empty() {
-        return Ok(None);
-    }
+    // Either layout (docs/contract.md section 2); a value that is no record is
+    // shown as it is stored.
+    let h = match ledger.record(key).await? {
+        Stored::Absent => return Ok(None),
+        Stored::Hash(h) => h,
+        Stored::String(v) => HashMap::from([("value".to_owned(), v)]),
+        Stored::Other(t) => HashMap::from([("type".to_owned(), t)]),
+    };
     let promo_key = format!("{prefix}:{{{p}}}");
     let promotion = if ledger.exists(&promo_key).await? {
         Some(ledger.hash_field(&promo_key, "gen").await?)

@@ -11,7 +11,9 @@ use std::fmt;
 use super::{promo_show, AdminError, PromoView, MAX_PROMO_AMOUNT};
 use crate::domain::event::Id;
 pub use crate::ledger::reply::Amounts;
-use crate::ledger::reply::{AdjustReply, AdjustVerdict, DeleteReply, LimitReply, StatusReply};
+use crate::ledger::reply::{
+    AdjustReply, AdjustVerdict, DeleteReply, LimitReply, StatusReply, Stored,
+};
 use crate::ledger::store::KeyType;
 use crate::ledger::Ledger;
 
@@ -168,12 +170,13 @@ pub async fn count_deducted(ledger: &Ledger, p: &Id) -> Result<usize, AdminError
         .await?;
     let mut n = 0;
     for key in keys {
-        let fields = ledger.hash_fields(&key, &["state", "gen"]).await?;
-        let (state, rec_gen) = match fields.as_slice() {
-            [state, rec_gen] => (state.as_deref(), rec_gen),
-            _ => (None, &None),
+        // Either layout (docs/contract.md section 2).
+        let Stored::Hash(fields) = ledger.record(&key).await? else {
+            continue;
         };
-        if state == Some("deducted") && *rec_gen == gen {
+        if fields.get("state").map(String::as_str) == Some("deducted")
+            && fields.get("gen") == gen.as_ref()
+        {
             n += 1;
         }
     }

@@ -67,10 +67,11 @@ impl Script {
 }
 
 /// TEST-ONLY (feature `mutants`): put in front of deduct.lua, forgets the
-/// record (KEYS[3]) when it is this event's (ARGV[4]): a redelivery deducts again.
+/// record (KEYS[3]) when it is this event's (ARGV[4]; the lean layout's second
+/// field): a redelivery deducts again.
 #[cfg(feature = "mutants")]
-const DOUBLE_DEDUCT: &str =
-    "if redis.call('HGET', KEYS[3], 'event') == ARGV[4] then redis.call('DEL', KEYS[3]) end\n";
+const DOUBLE_DEDUCT: &str = "local v = redis.pcall('GET', KEYS[3]) if type(v) == 'string' and \
+     string.sub(v, 3, #ARGV[4] + 3) == ARGV[4] .. '|' then redis.call('DEL', KEYS[3]) end\n";
 
 /// TEST-ONLY (feature `mutants`): in lua/deduct_batch.lua, the move of the
 /// running balance when a line of a coalesced batch deducts. Without it,

@@ -11,9 +11,10 @@ use fred::types::InfoKind;
 use futures::stream::StreamExt;
 
 use super::calls::{self, AuditMode};
-use super::reply::{self, AuditReply};
+use super::reply::{self, AuditReply, Stored};
 use super::{Ledger, LedgerError};
 use crate::domain::event::Id;
+use crate::domain::stored::record_fields;
 
 /// Which keys a [`Ledger::scan`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,25 +117,36 @@ impl Ledger {
             .map_err(|e| LedgerError::redis("hget", e))
     }
 
-    /// Some fields of hash `key`, in the order asked.
-    pub async fn hash_fields(
-        &self,
-        key: &str,
-        fields: &[&str],
-    ) -> Result<Vec<Option<String>>, LedgerError> {
-        let fields: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
-        self.pool()
-            .hmget(key, fields)
-            .await
-            .map_err(|e| LedgerError::redis("hmget", e))
-    }
-
     /// The string at `key`.
     pub async fn string(&self, key: &str) -> Result<Option<String>, LedgerError> {
         self.pool()
             .get(key)
             .await
             .map_err(|e| LedgerError::redis("get", e))
+    }
+
+    /// An order record `promo:{P}:order:{O}` in either layout (docs/contract.md
+    /// section 2): `Hash` with its fields (the lean string decoded as lib.lua
+    /// decodes it, or the previous layout's hash), `String` with a value that
+    /// is no record (corrupt), `Other` with another type, or `Absent`.
+    pub async fn record(&self, key: &str) -> Result<Stored, LedgerError> {
+        let kind: String = self
+            .pool()
+            .r#type(key)
+            .await
+            .map_err(|e| LedgerError::redis("type", e))?;
+        Ok(match kind.as_str() {
+            "none" => Stored::Absent,
+            "hash" => Stored::Hash(self.hash(key).await?),
+            "string" => match self.string(key).await? {
+                None => Stored::Absent,
+                Some(v) => match record_fields(&v) {
+                    Some(h) => Stored::Hash(h),
+                    None => Stored::String(v),
+                },
+            },
+            other => Stored::Other(other.to_owned()),
+        })
     }
 
     /// Whether `key` exists.

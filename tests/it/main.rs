@@ -28,6 +28,7 @@ mod ledger {
     mod replication;
     mod script_fuzz;
     mod scripts;
+    mod upgrade;
 }
 
 mod ops {

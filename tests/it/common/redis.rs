@@ -11,6 +11,7 @@ use deductor::config::RedisSettings;
 use deductor::domain::decision::{PlaceDecision, Reason, RefundDecision};
 use deductor::domain::event::{Header, Id, OrderPlaced, OrderRefunded, PlaceLine, RefundLine};
 use deductor::domain::keys::{Keys, LineKeys};
+use deductor::domain::stored::{record_fields, RECORD_FIELDS};
 use deductor::ledger::Ledger;
 use fred::prelude::*;
 
@@ -270,15 +271,55 @@ impl TestRedis {
         self.hset(&key, fields).await;
     }
 
+    /// HSET; on an order record stored lean (docs/contract.md section 2),
+    /// the same change made to its fields, written back lean with its TTL.
     pub async fn hset(&self, key: &str, fields: &[(&str, &str)]) {
         if fields.is_empty() {
             return;
+        }
+        if record_key(key) {
+            let kind: String = self.pool().r#type(key).await.unwrap();
+            if kind == "string" {
+                let mut h = self.record(key).await;
+                for (k, v) in fields {
+                    h.insert((*k).to_owned(), (*v).to_owned());
+                }
+                return self.rewrite_record(key, &h).await;
+            }
         }
         let map: HashMap<String, String> = fields
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let _: () = self.pool().hset(key, map).await.unwrap();
+    }
+
+    /// HDEL; on an order record stored lean, the field left out of it.
+    pub async fn hdel(&self, key: &str, field: &str) {
+        if record_key(key) {
+            let kind: String = self.pool().r#type(key).await.unwrap();
+            if kind == "string" {
+                let mut h = self.record(key).await;
+                h.remove(field);
+                return self.rewrite_record(key, &h).await;
+            }
+        }
+        let _: () = self.pool().hdel(key, field).await.unwrap();
+    }
+
+    /// Stores `h` as the lean record `key`, keeping its TTL.
+    async fn rewrite_record(&self, key: &str, h: &BTreeMap<String, String>) {
+        let _: () = self
+            .pool()
+            .set(
+                key,
+                encode_record(h),
+                Some(Expiration::KEEPTTL),
+                None,
+                false,
+            )
+            .await
+            .unwrap();
     }
 
     pub async fn set(&self, key: &str, value: &str) {
@@ -300,6 +341,20 @@ impl TestRedis {
     pub async fn hgetall(&self, key: &str) -> BTreeMap<String, String> {
         let h: HashMap<String, String> = self.pool().hgetall(key).await.unwrap();
         h.into_iter().collect()
+    }
+
+    /// An order record's fields, in either layout (docs/contract.md section 2:
+    /// the lean string decoded as lib.lua decodes it, or a hash of the previous
+    /// layout); empty when absent. Panics on a string that is no record.
+    pub async fn record(&self, key: &str) -> BTreeMap<String, String> {
+        let kind: String = self.pool().r#type(key).await.unwrap();
+        if kind == "string" {
+            let v = self.get(key).await.unwrap_or_default();
+            let h = deductor::domain::stored::record_fields(&v)
+                .unwrap_or_else(|| panic!("{key} holds {v:?}, no record"));
+            return h.into_iter().collect();
+        }
+        self.hgetall(key).await
     }
 
     /// A field of promotion `p`'s hash.
@@ -373,7 +428,15 @@ impl TestRedis {
                         .collect()
                 };
                 let value = match kind.as_string().as_deref() {
-                    Some("string") => DumpedValue::String(strings(value).remove(0)),
+                    // A lean order record reads as the hash it replaces, so
+                    // that either layout compares as the fields the scripts read.
+                    Some("string") => {
+                        let v = strings(value).remove(0);
+                        match record_key(&name).then(|| record_fields(&v)).flatten() {
+                            Some(h) => DumpedValue::Hash(h.into_iter().collect()),
+                            None => DumpedValue::String(v),
+                        }
+                    }
                     Some("hash") => {
                         let flat = strings(value);
                         DumpedValue::Hash(
@@ -384,6 +447,16 @@ impl TestRedis {
                     }
                     Some("none") => continue,
                     other => DumpedValue::Other(format!("{other:?}")),
+                };
+                // An empty field of a previous-layout record reads as absent
+                // once the record is rewritten lean (only `event` of a reverted
+                // record may be empty without being corrupt).
+                let value = match value {
+                    DumpedValue::Hash(mut h) if record_key(&name) => {
+                        h.retain(|_, v| !v.is_empty());
+                        DumpedValue::Hash(h)
+                    }
+                    v => v,
                 };
                 let expires = ttl.as_i64().expect("pttl") > 0;
                 out.insert(name, Dumped { value, expires });
@@ -422,6 +495,45 @@ impl Drop for TestRedis {
         })
         .join();
     }
+}
+
+/// Whether `key` is an order record `prefix:{P}:order:{O}`.
+fn record_key(key: &str) -> bool {
+    key.split_once("}:order:").is_some()
+}
+
+/// lib.lua's `encode_record`: the lean value of a record's fields (the fields
+/// the scripts know; docs/contract.md section 2).
+pub fn encode_record(h: &BTreeMap<String, String>) -> String {
+    let get = |f: &str| h.get(f).map(String::as_str).unwrap_or("");
+    let mut t: Vec<&str> = RECORD_FIELDS.iter().map(|f| get(f)).collect();
+    t[0] = match get("state") {
+        "deducted" => "d",
+        "reverted" => "r",
+        other => other,
+    };
+    if get("budget0") == get("budget") {
+        t[4] = "";
+    }
+    if get("stock0") == get("stock") {
+        t[5] = "";
+    }
+    let extra: Vec<String> = h
+        .iter()
+        .filter(|(f, _)| f.starts_with("absorbed:") || f.starts_with("refund:"))
+        .map(|(f, v)| format!("{f}={v}"))
+        .collect();
+    if extra.is_empty() {
+        while t.len() > 1 && t.last() == Some(&"") {
+            t.pop();
+        }
+    }
+    let mut out = t.join("|");
+    for e in extra {
+        out.push('|');
+        out.push_str(&e);
+    }
+    out
 }
 
 /// `{ {key, type, pttl, {values...}}, ... }` of every key matching ARGV[1] on this node.

@@ -61,7 +61,7 @@ async fn corrupt_data_is_remembered_so_every_delivery_repeats_the_rejection() {
     assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("10"));
     assert_eq!(r.promo_field("p2", "stock").await.as_deref(), Some("5"));
     assert!(
-        r.hgetall(&r.keys().record(&id("p1"), &id("o1")))
+        r.record(&r.keys().record(&id("p1"), &id("o1")))
             .await
             .is_empty(),
         "no deduction is held for the rejected event"
@@ -130,7 +130,7 @@ async fn a_rejected_event_hands_its_record_to_an_absorbed_event_instead_of_relea
     );
     // The unit stays held, now by E2, which keeps its acceptance.
     assert_eq!(r.promo_field("p1", "stock").await.as_deref(), Some("0"));
-    let rec = r.hgetall(&k.record).await;
+    let rec = r.record(&k.record).await;
     assert_eq!(rec.get("event").map(String::as_str), Some("e2"), "{rec:?}");
     assert_eq!(rec.get("state").map(String::as_str), Some("deducted"));
     assert!(is_accepted(&r.ledger.place(&e2).await.unwrap()));
@@ -521,7 +521,7 @@ async fn a_release_that_meets_corrupt_data_waits_for_the_repair() {
         Some("71")
     );
     assert_eq!(
-        r.hgetall(&k.record).await.get("state").map(String::as_str),
+        r.record(&k.record).await.get("state").map(String::as_str),
         Some("deducted")
     );
     // Still blocked on a retry before the repair.
@@ -539,7 +539,7 @@ async fn a_release_that_meets_corrupt_data_waits_for_the_repair() {
         r.promo_field("flash", "budget").await.as_deref(),
         Some("100")
     );
-    assert!(r.hgetall(&k.record).await.is_empty(), "nothing held by E");
+    assert!(r.record(&k.record).await.is_empty(), "nothing held by E");
     audit_clean(&r, "flash").await;
     // The order's refund finds nothing to give back.
     let d = r
@@ -639,7 +639,7 @@ pub(crate) async fn corrupt_record_met_on_redelivery_releases_every_other_line(
             "the rejected event still holds line {p}"
         );
         assert!(
-            r.hgetall(&r.keys().record(&id(p), &id("o1")))
+            r.record(&r.keys().record(&id(p), &id("o1")))
                 .await
                 .is_empty(),
             "line {p} keeps a record of the rejected event"
@@ -704,7 +704,7 @@ async fn a_hand_over_to_another_customer_gives_the_first_customers_slot_back() {
     assert_eq!(r.get(&used("c1")).await.as_deref(), Some("1"));
     let record = r.keys().record(&id("P"), &id("o1"));
     assert_eq!(
-        r.hgetall(&record).await.get("absorbed").map(String::as_str),
+        r.record(&record).await.get("absorbed").map(String::as_str),
         Some("E2")
     );
 
@@ -712,14 +712,14 @@ async fn a_hand_over_to_another_customer_gives_the_first_customers_slot_back() {
     let d = r.ledger.place(&e1).await.unwrap();
     assert_eq!(rejected(&d), (false, Reason::StockInsufficient, "X".into()));
     assert_eq!(
-        r.hgetall(&record).await.get("event").map(String::as_str),
+        r.record(&record).await.get("event").map(String::as_str),
         Some("E2")
     );
     let e2 = placed("E2", "o1", "c2", T, &[("P", 0, 1), ("X", 0, 1)]);
     let d = r.ledger.place(&e2).await.unwrap();
     assert_eq!(rejected(&d).1, Reason::StockInsufficient);
 
-    assert!(r.hgetall(&record).await.is_empty(), "nothing held");
+    assert!(r.record(&record).await.is_empty(), "nothing held");
     assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("10"));
     assert_eq!(
         r.get(&used("c1")).await.as_deref(),
@@ -758,7 +758,7 @@ async fn a_chain_of_absorbed_events_keeps_the_accepted_ones_deduction() {
             .unwrap();
         assert_eq!(rejected(&d).1, Reason::StockInsufficient, "{e}");
     }
-    let record = r.hgetall(&r.keys().record(&id("P"), &id("o1"))).await;
+    let record = r.record(&r.keys().record(&id("P"), &id("o1"))).await;
     assert_eq!(
         record.get("event").map(String::as_str),
         Some("E3"),

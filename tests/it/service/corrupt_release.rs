@@ -106,7 +106,7 @@ async fn a_release_blocked_by_corrupt_data_holds_the_event_until_the_repair() {
         Some("100")
     );
     assert!(
-        store.hgetall(&k.record).await.is_empty(),
+        store.record(&k.record).await.is_empty(),
         "nothing held by e1"
     );
     f.cleanup().await;

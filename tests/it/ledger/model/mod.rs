@@ -232,7 +232,7 @@ async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), Te
                                     .await
                             }
                             None => {
-                                let _: () = r.pool().hdel(&key, "counted").await.unwrap();
+                                r.hdel(&key, "counted").await;
                             }
                         }
                         rec.corrupt = false;

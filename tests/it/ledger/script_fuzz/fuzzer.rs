@@ -2,7 +2,7 @@
 //! and arguments for each call.
 
 use super::*;
-use crate::common::redis::TestRedis;
+use crate::common::redis::{encode_record, TestRedis};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -219,7 +219,17 @@ impl Fuzz {
                         ]);
                         f.push((field, v));
                     }
-                    self.hset(rec, &f).await;
+                    // Either layout: the lean string of this version, or the
+                    // hash of the previous one (a rolling upgrade).
+                    if self.rng.random_bool(0.5) {
+                        let h = f
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect();
+                        self.r.set(rec, &encode_record(&h)).await;
+                    } else {
+                        self.hset(rec, &f).await;
+                    }
                 }
                 5 => {
                     let f = self.pick(&[

@@ -130,7 +130,7 @@ async fn release_leaves_a_line_another_event_deducted() {
         Some("90"),
         "e1's deduction is kept"
     );
-    let h = r.hgetall(&r.keys().record(&id("a"), &id("o1"))).await;
+    let h = r.record(&r.keys().record(&id("a"), &id("o1"))).await;
     assert_eq!(h["event"], "e1");
 
     assert!(

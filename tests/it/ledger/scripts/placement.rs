@@ -86,7 +86,7 @@ async fn replay_of_an_accepted_line_is_a_duplicate_and_changes_nothing() {
     .await;
     assert_eq!(r.get(&memo).await.as_deref(), Some("accepted"));
     assert_eq!(
-        r.hgetall(&record).await.get("absorbed").map(String::as_str),
+        r.record(&record).await.get("absorbed").map(String::as_str),
         Some("e2")
     );
 

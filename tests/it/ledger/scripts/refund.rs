@@ -86,7 +86,7 @@ async fn partial_refunds_sum_to_the_deduction() {
         .unwrap();
     assert_eq!(line(&d, 0), (Ok(()), false, 10, 1));
     assert_eq!(d.lines[0].remaining, left(Some(80), Some(3)));
-    let h = r.hgetall(&record).await;
+    let h = r.record(&record).await;
     assert_eq!(
         (
             h["state"].as_str(),
@@ -110,7 +110,7 @@ async fn partial_refunds_sum_to_the_deduction() {
         .await
         .unwrap();
     assert_eq!(line(&d, 0), (Ok(()), false, 15, 0));
-    let h = r.hgetall(&record).await;
+    let h = r.record(&record).await;
     assert_eq!(
         (
             h["state"].as_str(),
@@ -188,7 +188,7 @@ async fn refund_above_the_outstanding_amount_is_rejected() {
         r.assert_changed(&before, std::slice::from_ref(&record), event)
             .await;
         assert_eq!(
-            r.hgetall(&record)
+            r.record(&record)
                 .await
                 .get(&format!("refund:{event}"))
                 .map(String::as_str),
@@ -217,10 +217,7 @@ async fn refund_replay_returns_the_stored_result() {
     assert!(first.applied());
     let record = r.keys().record(&id("p"), &id("o1"));
     assert_eq!(
-        r.hgetall(&record)
-            .await
-            .get("refund:r1")
-            .map(String::as_str),
+        r.record(&record).await.get("refund:r1").map(String::as_str),
         Some("applied 10 1")
     );
 

@@ -13,7 +13,7 @@ use deductor::admin::PromoSpec;
 /// and the commands the scripts themselves run (Redis checks those against
 /// the calling user too).
 pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +get +set +del +expire +incr +decr +hgetall +hset +hdel +hincrby";
+    +get +set +del +decr +hgetall +hset +hincrby";
 
 /// The operators' user for `promo set|show|pause|resume|adjust|limit|delete`,
 /// as documented: the promo_* scripts, plain reads and the ledger marker
@@ -378,6 +378,32 @@ pub(super) async fn service_ops_as(
         let d = ledger.refund(&r).await.map_err(|e| e.to_string())?;
         if !d.applied() {
             return Err(format!("refund: {d:?}"));
+        }
+        // A batch with two lines of p, coalesced: p's counters are written
+        // once, by HSET, at the end (lua/deduct_batch.lua), as the service's
+        // batches do under load.
+        let ttl = deductor::ledger::calls::Ttls::new(3600, 3600);
+        let lines: Vec<_> = [("e-4", "o-4", "c-4"), ("e-5", "o-5", "c-5")]
+            .iter()
+            .map(|(e, o, c)| {
+                let e = placed(&format!("{e}-{round}"), o, c, at, &[(&p, 1, 1)]);
+                deductor::ledger::calls::deduct(ledger.keys(), &ttl, &e.header, &e.lines[0])
+            })
+            .collect();
+        let call = deductor::ledger::calls::deduct_batch(lines);
+        use fred::prelude::LuaInterface;
+        let reply: fred::prelude::Value = ledger
+            .pool()
+            .eval(
+                deductor::ledger::scripts::DEDUCT_BATCH.body,
+                call.keys,
+                call.args,
+            )
+            .await
+            .map_err(|e| format!("coalesced batch: {e}"))?;
+        let text = format!("{reply:?}");
+        if text.contains("ERR") || text.matches("accepted").count() != 2 {
+            return Err(format!("coalesced batch: {text}"));
         }
         ledger.ping().await.map_err(|e| e.to_string())?;
         ledger.load_scripts().await.map_err(|e| e.to_string())

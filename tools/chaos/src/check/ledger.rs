@@ -38,6 +38,20 @@ pub struct Records {
 
 /// Compares the record of every (order, promotion) of a verifiable order
 /// with the model's final state of that line.
+/// An order record's fields in either layout (docs/contract.md section 2):
+/// the lean string decoded as lib.lua decodes it, or a hash of the previous
+/// layout; empty when absent. A string that is no record comes back as its
+/// raw value under `corrupt`, which no expected record has.
+async fn record(pool: &Pool, key: &str) -> Result<HashMap<String, String>, fred::error::Error> {
+    match pool.get::<Option<String>, _>(key).await {
+        Ok(None) => Ok(HashMap::new()),
+        Ok(Some(v)) => Ok(deductor::domain::stored::record_fields(&v)
+            .unwrap_or_else(|| HashMap::from([("corrupt".to_owned(), v)]))),
+        Err(e) if e.details().contains("WRONGTYPE") => pool.hgetall(key).await,
+        Err(e) => Err(e),
+    }
+}
+
 pub async fn records(
     pool: &Pool,
     keys: &Keys,
@@ -71,10 +85,7 @@ pub async fn records(
         .map(|(o, p)| {
             let pool = pool.clone();
             let key = keys.record(&Id::parse(&p).expect("id"), &Id::parse(&o).expect("id"));
-            async move {
-                let h: Result<HashMap<String, String>, _> = pool.hgetall(&key).await;
-                h.map(|h| ((o, p), h))
-            }
+            async move { record(&pool, &key).await.map(|h| ((o, p), h)) }
         })
         .buffer_unordered(64)
         .collect::<Vec<_>>()
