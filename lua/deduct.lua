@@ -168,9 +168,8 @@ local function main()
   end
   -- One SET for the whole record with its TTL (the lean layout of lib.lua),
   -- `gen` included when the promotion has one.
-  write_record(k_record, { state = 'deducted', event = event, budget = ARGV[1], stock = ARGV[2],
-    budget0 = ARGV[1], stock0 = ARGV[2], customer = customer, counted = counted, gen = promo.gen },
-    record_ttl)
+  redis.call('SET', k_record, new_record_value(event, ARGV[1], ARGV[2], customer, counted, promo.gen),
+    'EX', record_ttl)
   return reply('accepted', '', 0, b, s)
 end
 

@@ -173,6 +173,14 @@ local function encode_record(h)
   return table.concat(t, '|', 1, n) .. (#extra > 0 and '|' .. table.concat(extra, '|') or '')
 end
 
+-- The lean value of a new deduction (encode_record's result for those fields,
+-- built in one concatenation: the placement's hot path).
+local function new_record_value(event, budget, stock, customer, counted, gen)
+  local v = 'd|' .. event .. '|' .. budget .. '|' .. stock .. '|||' .. customer .. '|' .. counted
+  if gen then v = v .. '|' .. gen end
+  return v
+end
+
 -- Stores a record's field table: with its TTL in one command (`ttl`, seconds), or
 -- keeping the key's TTL (ttl nil; over a previous-layout hash too).
 local function write_record(key, h, ttl)

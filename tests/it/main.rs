@@ -28,7 +28,7 @@ mod ledger {
     mod replication;
     mod script_fuzz;
     mod scripts;
-    mod upgrade;
+    pub(crate) mod upgrade;
 }
 
 mod ops {
@@ -51,5 +51,6 @@ mod service {
     mod security;
     mod shutdown;
     mod slot_migration;
+    mod upgrade;
     mod wedged_client;
 }

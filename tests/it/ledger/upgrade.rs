@@ -29,7 +29,15 @@ fn previous(name: &str) -> String {
 }
 
 /// One line of a placement, decided by the previous release's deduct.lua.
-async fn old_deduct(r: &TestRedis, p: &str, o: &str, c: &str, e: &str, b: u64, s: u64) -> Value {
+pub(crate) async fn old_deduct(
+    r: &TestRedis,
+    p: &str,
+    o: &str,
+    c: &str,
+    e: &str,
+    b: u64,
+    s: u64,
+) -> Value {
     let k = r.keys().deduct_line(&id(p), &id(o), &id(c), &id(e));
     r.eval(
         &previous("deduct"),
@@ -50,7 +58,14 @@ async fn old_deduct(r: &TestRedis, p: &str, o: &str, c: &str, e: &str, b: u64, s
 
 /// One line of a refund (`None`: everything outstanding), decided by the
 /// previous release's rollback.lua.
-async fn old_rollback(r: &TestRedis, p: &str, o: &str, c: &str, e: &str, b: Option<u64>) -> Value {
+pub(crate) async fn old_rollback(
+    r: &TestRedis,
+    p: &str,
+    o: &str,
+    c: &str,
+    e: &str,
+    b: Option<u64>,
+) -> Value {
     let k = r.keys().rollback_line(&id(p), &id(o), &id(c), &id(e));
     r.eval(
         &previous("rollback"),
@@ -68,14 +83,14 @@ async fn old_rollback(r: &TestRedis, p: &str, o: &str, c: &str, e: &str, b: Opti
     .expect("previous rollback.lua")
 }
 
-fn status(v: &Value) -> String {
+pub(crate) fn status(v: &Value) -> String {
     match v {
         Value::Array(items) => items[0].as_string().unwrap_or_default(),
         other => panic!("reply {other:?}"),
     }
 }
 
-async fn kind(r: &TestRedis, key: &str) -> String {
+pub(crate) async fn kind(r: &TestRedis, key: &str) -> String {
     r.pool().r#type(key).await.unwrap()
 }
 
