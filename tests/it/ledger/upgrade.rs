@@ -362,13 +362,13 @@ async fn the_lean_layout_reads_alike_in_the_scripts_and_the_operator_tools() {
         let rust = deductor::domain::stored::record_fields(&v).map(|h| h.into_iter().collect());
         assert_eq!(rust, lua, "seed {seed}: {v:?}");
         cases += 1;
-        if lua.is_some() {
+        if let Some(fields) = &lua {
             records += 1;
             // What decodes, lib.lua's encode_record writes back as a value
             // that decodes the same (and so does the tests' encoder).
             for (who, e) in [
                 ("lib.lua", encoded.clone()),
-                ("tests", encode_record(lua.as_ref().unwrap())),
+                ("tests", encode_record(fields)),
             ] {
                 let again = deductor::domain::stored::record_fields(&e)
                     .map(|h| h.into_iter().collect::<BTreeMap<_, _>>());
