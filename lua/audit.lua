@@ -109,14 +109,8 @@ for _, k in ipairs(keys) do
       end
     elseif r[2] == 'string' then
       -- The lean layout's 7th field is the customer (empty: none).
-      local n = 0
-      for tok in string.gmatch(r[3] .. '|', '([^|]*)|') do
-        n = n + 1
-        if n == 7 then
-          if tok ~= '' then counter(used_prefix .. tok) end
-          break
-        end
-      end
+      local c = string.match(r[3], '^' .. string.rep('[^|]*|', 6) .. '([^|]+)')
+      if c then counter(used_prefix .. c) end
     end
   elseif string.sub(k, 1, #used_prefix) == used_prefix then
     counter(k)

@@ -129,7 +129,20 @@ impl Ledger {
     /// section 2): `Hash` with its fields (the lean string decoded as lib.lua
     /// decodes it, or the previous layout's hash), `String` with a value that
     /// is no record (corrupt), `Other` with another type, or `Absent`.
+    /// One `GET` for a lean record or none, as lib.lua's `read_record` reads
+    /// it; the type is asked only when the key holds something else.
     pub async fn record(&self, key: &str) -> Result<Stored, LedgerError> {
+        match self.pool().get::<Option<String>, _>(key).await {
+            Ok(None) => return Ok(Stored::Absent),
+            Ok(Some(v)) => {
+                return Ok(match record_fields(&v) {
+                    Some(h) => Stored::Hash(h),
+                    None => Stored::String(v),
+                })
+            }
+            Err(e) if e.details().contains("WRONGTYPE") => {}
+            Err(e) => return Err(LedgerError::redis("get", e)),
+        }
         let kind: String = self
             .pool()
             .r#type(key)
@@ -138,13 +151,6 @@ impl Ledger {
         Ok(match kind.as_str() {
             "none" => Stored::Absent,
             "hash" => Stored::Hash(self.hash(key).await?),
-            "string" => match self.string(key).await? {
-                None => Stored::Absent,
-                Some(v) => match record_fields(&v) {
-                    Some(h) => Stored::Hash(h),
-                    None => Stored::String(v),
-                },
-            },
             other => Stored::Other(other.to_owned()),
         })
     }

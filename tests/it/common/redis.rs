@@ -277,15 +277,11 @@ impl TestRedis {
         if fields.is_empty() {
             return;
         }
-        if record_key(key) {
-            let kind: String = self.pool().r#type(key).await.unwrap();
-            if kind == "string" {
-                let mut h = self.record(key).await;
-                for (k, v) in fields {
-                    h.insert((*k).to_owned(), (*v).to_owned());
-                }
-                return self.rewrite_record(key, &h).await;
+        if let Some(mut h) = self.lean_record(key).await {
+            for (k, v) in fields {
+                h.insert((*k).to_owned(), (*v).to_owned());
             }
+            return self.rewrite_record(key, &h).await;
         }
         let map: HashMap<String, String> = fields
             .iter()
@@ -296,13 +292,9 @@ impl TestRedis {
 
     /// HDEL; on an order record stored lean, the field left out of it.
     pub async fn hdel(&self, key: &str, field: &str) {
-        if record_key(key) {
-            let kind: String = self.pool().r#type(key).await.unwrap();
-            if kind == "string" {
-                let mut h = self.record(key).await;
-                h.remove(field);
-                return self.rewrite_record(key, &h).await;
-            }
+        if let Some(mut h) = self.lean_record(key).await {
+            h.remove(field);
+            return self.rewrite_record(key, &h).await;
         }
         let _: () = self.pool().hdel(key, field).await.unwrap();
     }
@@ -347,14 +339,25 @@ impl TestRedis {
     /// the lean string decoded as lib.lua decodes it, or a hash of the previous
     /// layout); empty when absent. Panics on a string that is no record.
     pub async fn record(&self, key: &str) -> BTreeMap<String, String> {
-        let kind: String = self.pool().r#type(key).await.unwrap();
-        if kind == "string" {
-            let v = self.get(key).await.unwrap_or_default();
-            let h = deductor::domain::stored::record_fields(&v)
-                .unwrap_or_else(|| panic!("{key} holds {v:?}, no record"));
-            return h.into_iter().collect();
+        match self.lean_record(key).await {
+            Some(h) => h,
+            None => self.hgetall(key).await,
         }
-        self.hgetall(key).await
+    }
+
+    /// The fields of order record `key` when it is stored lean (a string);
+    /// `None` for any other key or type. Panics on a string that is no record.
+    async fn lean_record(&self, key: &str) -> Option<BTreeMap<String, String>> {
+        if !record_key(key) {
+            return None;
+        }
+        let kind: String = self.pool().r#type(key).await.unwrap();
+        if kind != "string" {
+            return None;
+        }
+        let v = self.get(key).await.unwrap_or_default();
+        let h = record_fields(&v).unwrap_or_else(|| panic!("{key} holds {v:?}, no record"));
+        Some(h.into_iter().collect())
     }
 
     /// A field of promotion `p`'s hash.

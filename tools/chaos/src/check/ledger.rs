@@ -36,8 +36,6 @@ pub struct Records {
     accepted_by_outcomes: Amounts,
 }
 
-/// Compares the record of every (order, promotion) of a verifiable order
-/// with the model's final state of that line.
 /// An order record's fields in either layout (docs/contract.md section 2):
 /// the lean string decoded as lib.lua decodes it, or a hash of the previous
 /// layout; empty when absent. A string that is no record comes back as its
@@ -52,6 +50,8 @@ async fn record(pool: &Pool, key: &str) -> Result<HashMap<String, String>, fred:
     }
 }
 
+/// Compares the record of every (order, promotion) of a verifiable order
+/// with the model's final state of that line.
 pub async fn records(
     pool: &Pool,
     keys: &Keys,
