@@ -15,12 +15,20 @@
 --                  "scan": list them here with SCAN MATCH, only when the database holds
 --                  at most ARGV[3] keys (a standalone server; else the reply is
 --                  {"too_big", DBSIZE} and nothing was read);
---                  "keys": read the keys the caller listed, ARGV[4..]
+--                  "keys": read the keys the caller listed, ARGV[4..];
+--                  "index": a standalone server: when the promotion hash has `indexed`
+--                  (the unix day its incarnation was created; `promo set` writes it on a
+--                  standalone server, where deduct.lua indexes every record it creates),
+--                  list the records named by its day indexes promo:{P}:index:<D>, D from
+--                  indexed - 1 (at most ARGV[3] - 3653 days back: the longest record TTL)
+--                  to ARGV[3] + 1 (cost in proportion to the promotion, never to the
+--                  keyspace); without it the reply is {"unindexed"} and nothing was read
 -- ARGV[2] prefix   "promo:{P}:" (the promotion key followed by ':'): P's other keys
--- ARGV[3] limit    mode "scan": the largest DBSIZE scanned inside the script
+-- ARGV[3] limit    mode "scan": the largest DBSIZE scanned inside the script; mode "index":
+--                  today, the caller's unix seconds / 86400
 -- ARGV[4..]        mode "keys": keys of P
 --
--- Reply: {"ok", promotion, records, counters}
+-- Reply: {"ok", promotion, records, counters, indexes}
 --   promotion  {type, fields...}: type "hash" with the fields of FIELDS it holds as flat
 --              pairs (HMGET), "none" when absent, or another TYPE (corrupt)
 --   records    {key, type, values...} for each promo:{P}:order:O listed: "string" and its
@@ -28,6 +36,7 @@
 --              holds (the previous layout), or another type (corrupt)
 --   counters   {key, type, value} for each promo:{P}:used:C listed, and for the
 --              counter of every customer a listed record names (read at the same instant)
+--   indexes    mode "index": {key, type} of each day index that is not a set (corrupt)
 
 local k_promo, mode, prefix = KEYS[1], ARGV[1], ARGV[2]
 
@@ -35,7 +44,7 @@ local k_promo, mode, prefix = KEYS[1], ARGV[1], ARGV[2]
 -- record's refund:<E> results, are ignored as the scripts ignore them).
 local FIELDS = { 'state', 'event', 'customer', 'gen', 'absorbed', 'budget', 'stock', 'budget0',
   'stock0', 'counted', 'per_customer', 'status', 'starts_at', 'ends_at', 'initial_budget',
-  'initial_stock' }
+  'initial_stock', 'indexed' }
 
 -- {type, values...}: "hash" and its known fields as flat pairs, "string" and its value,
 -- "none", or another type (corrupt). No TYPE call unless the read fails.
@@ -63,8 +72,33 @@ local function read(key, as_hash)
   return out
 end
 
-local keys = {}
-if mode == 'slot' then
+local keys, bad_indexes = {}, {}
+if mode == 'index' then
+  -- A promotion that is not a hash (corrupt) is unindexed: the other modes report it.
+  local from = redis.pcall('HGET', k_promo, 'indexed')
+  local today = tonumber(ARGV[3])
+  if type(from) ~= 'string' or #from > 15 or not string.find(from, '^[0-9]+$') or not today then
+    return { 'unindexed' }
+  end
+  -- Days before the incarnation's own hold none of its records (one day of clock
+  -- difference between the pods and the operator allowed).
+  local first = math.max(tonumber(from) - 1, today - 3653)
+  local listed = {}
+  for d = first, today + 1 do
+    local k = prefix .. 'index:' .. string.format('%d', d)
+    local r = redis.pcall('SMEMBERS', k)
+    if type(r) == 'table' and r.err then
+      bad_indexes[#bad_indexes + 1] = { k, redis.call('TYPE', k).ok }
+    else
+      for _, o in ipairs(r) do
+        if not listed[o] then
+          listed[o] = true
+          keys[#keys + 1] = prefix .. 'order:' .. o
+        end
+      end
+    end
+  end
+elseif mode == 'slot' then
   local slot = redis.call('CLUSTER', 'KEYSLOT', k_promo)
   for line in string.gmatch(redis.call('CLUSTER', 'NODES'), '[^\n]+') do
     if string.find(line, 'myself', 1, true) and (string.find(line, '[' .. slot .. '->-', 1, true)
@@ -116,4 +150,4 @@ for _, k in ipairs(keys) do
     counter(k)
   end
 end
-return { 'ok', read(k_promo, true), records, counters }
+return { 'ok', read(k_promo, true), records, counters, bad_indexes }

@@ -12,6 +12,10 @@
 --                                               absorbed E into another event's record, or
 --                                               "released" (see release.lua): then the reply is
 --                                               rejected with reason "released", duplicate
+-- KEYS[5] index      promo:{P}:index:{D}       set (optional: a standalone server; absent on
+--                                               a Redis Cluster): the order ids of P's records
+--                                               created on day D (unix seconds / 86400), which
+--                                               `audit P` reads instead of the whole keyspace
 --
 -- ARGV[1] budget           canonical integer, amount to deduct
 -- ARGV[2] stock            canonical integer, amount to deduct
@@ -20,6 +24,10 @@
 -- ARGV[5] record_ttl_secs  positive canonical integer
 -- ARGV[6] refund_ttl_secs  positive canonical integer (TTL of the rejection memo)
 -- ARGV[7] customer_id      C (stored in the record: refunds and releases act on it)
+-- ARGV[8] order_id         O (with KEYS[5] only): the member a new record adds to the index
+-- ARGV[9] index_ttl_secs   positive canonical integer (with KEYS[5] only): the index's TTL is
+--                          raised to it (never lowered) when a record is added, so the set
+--                          outlives every record it lists (record_ttl_secs + one day)
 --
 -- Reply: {status, reason, duplicate, budget, stock, remaining_budget, remaining_stock}
 --   status     "accepted" | "rejected"
@@ -50,14 +58,17 @@ local function read_memo(key)
 end
 
 local function main()
-  if #KEYS ~= 4 then fail('BADARG expected 4 keys, got ' .. #KEYS) end
-  if #ARGV ~= 7 then fail('BADARG expected 7 arguments, got ' .. #ARGV) end
-  local names = { 'budget', 'stock', 'occurred_at', 'event_id', 'record_ttl_secs', 'refund_ttl_secs', 'customer_id' }
-  for i, name in ipairs(names) do
-    local ok
+  if #KEYS ~= 4 and #KEYS ~= 5 then fail('BADARG expected 4 or 5 keys, got ' .. #KEYS) end
+  if #ARGV ~= #KEYS * 2 - 1 then
+    fail('BADARG expected ' .. (#KEYS * 2 - 1) .. ' arguments with ' .. #KEYS .. ' keys, got ' .. #ARGV)
+  end
+  local names = { 'budget', 'stock', 'occurred_at', 'event_id', 'record_ttl_secs', 'refund_ttl_secs',
+    'customer_id', 'order_id', 'index_ttl_secs' }
+  for i = 1, #ARGV do
+    local name, ok = names[i], nil
     if name == 'occurred_at' then
       ok = signed(ARGV[i])
-    elseif name == 'event_id' or name == 'customer_id' then
+    elseif name == 'event_id' or name == 'customer_id' or name == 'order_id' then
       ok = event_id(ARGV[i])
     else
       ok = canonical(ARGV[i]) and not (name:find('ttl') and ARGV[i] == '0')
@@ -156,7 +167,9 @@ local function main()
   if promo.stock and promo.stock < s then return reject('stock_insufficient') end
   if promo.per_customer and used >= promo.per_customer then return reject('user_limit_reached') end
 
-  -- 6. Write. The record says whom it counted for and from which incarnation it took.
+  -- 6. Write. First the new record's order id in the day's index (lib.lua).
+  index_record(KEYS[5], ARGV[8], ARGV[9], guarded)
+  -- The record says whom it counted for and from which incarnation it took.
   if promo.budget then promo.budget = redis.call('HINCRBY', k_promo, 'budget', int(-b)) end
   if promo.stock then promo.stock = redis.call('HINCRBY', k_promo, 'stock', int(-s)) end
   local counted = '0'

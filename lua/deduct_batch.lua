@@ -6,6 +6,8 @@
 -- KEYS[4i+1 .. 4i+4]  line i's KEYS[1..4] of deduct.lua (promotion, used, record, memo)
 -- ARGV[1]             count  N, a positive canonical integer, #KEYS == 4 N
 -- ARGV[7i+2 .. 7i+8]  line i's ARGV[1..7] of deduct.lua
+--   or, every line with deduct.lua's index (a standalone server): #KEYS == 5 N,
+--   KEYS[5i+1 .. 5i+5] line i's KEYS[1..5], ARGV[9i+2 .. 9i+10] line i's ARGV[1..9]
 --
 -- Reply: N elements, line i's deduct.lua reply, or {"ERR", message} where deduct.lua
 --   would have replied with an error (BADARG, CORRUPT, or a Redis error of a command):
@@ -41,7 +43,10 @@
 -- redis)` around lua/deduct.lua, then this file (src/ledger/scripts.rs).
 
 local n = tonumber(ARGV[1])
-if n == nil or n < 1 or n ~= math.floor(n) or #KEYS ~= 4 * n or #ARGV ~= 1 + 7 * n then
+-- Keys and arguments per line: 4 and 7, or 5 and 9 with the index.
+local nk = (n and n >= 1 and #KEYS == 5 * n) and 5 or 4
+local na = 2 * nk - 1
+if n == nil or n < 1 or n ~= math.floor(n) or #KEYS ~= nk * n or #ARGV ~= 1 + na * n then
   return redis.error_reply('BADARG batch of ' .. tostring(ARGV[1]) .. ' lines with '
     .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
@@ -50,13 +55,13 @@ end
 -- no other key of a line is one of them.
 local lines_of = {}
 for i = 0, n - 1 do
-  local key = KEYS[4 * i + 1]
+  local key = KEYS[nk * i + 1]
   lines_of[key] = (lines_of[key] or 0) + 1
 end
 local coalesce = true
 for i = 0, n - 1 do
-  for j = 2, 4 do
-    if lines_of[KEYS[4 * i + j]] then coalesce = false end
+  for j = 2, nk do
+    if lines_of[KEYS[nk * i + j]] then coalesce = false end
   end
 end
 
@@ -112,9 +117,10 @@ local batch_redis = setmetatable({
 
 local out = {}
 for i = 0, n - 1 do
-  local keys = { KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4] }
+  local keys = {}
+  for j = 1, nk do keys[j] = KEYS[nk * i + j] end
   local args = {}
-  for j = 1, 7 do args[j] = ARGV[1 + 7 * i + j] end
+  for j = 1, na do args[j] = ARGV[1 + na * i + j] end
   nmoves = 0
   local ok, r
   if coalesce and lines_of[keys[1]] > 1 then

@@ -191,6 +191,18 @@ local function write_record(key, h, ttl)
   end
 end
 
+-- Adds a new record's order id to its day index promo:{P}:index:<D> (KEYS[5] of
+-- deduct.lua and rollback.lua on a standalone server; nil: none kept), whose TTL only
+-- grows (GT leaves a set without a TTL alone: a new one gets it with NX), so the set
+-- outlives every record it names. Called before the record's other writes: a refusal
+-- (OOM, NOPERM) ends the line before anything is written, and an index of another
+-- type is corrupt data, remembered by `guarded` like any other.
+local function index_record(key, order, ttl, guarded)
+  if not key then return end
+  guarded(function() wrong_type(key, redis.pcall('SADD', key, order)) end)
+  if redis.call('EXPIRE', key, ttl, 'GT') == 0 then redis.call('EXPIRE', key, ttl, 'NX') end
+end
+
 -- promo:{P}:order:{O}: nil when absent. Besides the amounts, a record may hold
 -- (all optional: records written before they existed lack them):
 --   customer  the customer the deduction was made for (refunds act on it)

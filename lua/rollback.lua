@@ -8,6 +8,8 @@
 -- KEYS[4] memo       promo:{P}:refund:{E}    string: "rejected corrupt_promotion" when this line met
 --                                             corrupt data (TTL refund_ttl), or a result an older
 --                                             version stored here
+-- KEYS[5] index      promo:{P}:index:{D}     set (optional, as in deduct.lua: a standalone server):
+--                                             a new tombstone's order id is added to it
 --
 -- ARGV[1] budget           canonical integer to return, or "" = everything outstanding
 -- ARGV[2] stock            canonical integer to return, or "" = everything outstanding
@@ -15,6 +17,8 @@
 -- ARGV[4] refund_ttl_secs  positive: TTL of a corrupt_promotion memo
 -- ARGV[5] event_id         E, the refund event
 -- ARGV[6] customer_id      C: the customer whose `used` counter KEYS[2] is
+-- ARGV[7] order_id         O (with KEYS[5] only): the member a new tombstone adds to the index
+-- ARGV[8] index_ttl_secs   positive (with KEYS[5] only): as deduct.lua's
 --
 -- Reply: {status, reason, duplicate, budget_returned, stock_returned, remaining_budget, remaining_stock}
 --   status     "applied" | "rejected" | "customer"
@@ -57,14 +61,17 @@ local function parse_result(key, field, v)
 end
 
 local function main()
-  if #KEYS ~= 4 then fail('BADARG expected 4 keys, got ' .. #KEYS) end
-  if #ARGV ~= 6 then fail('BADARG expected 6 arguments, got ' .. #ARGV) end
-  local names = { 'budget', 'stock', 'record_ttl_secs', 'refund_ttl_secs', 'event_id', 'customer_id' }
-  for i, name in ipairs(names) do
-    local v = ARGV[i]
+  if #KEYS ~= 4 and #KEYS ~= 5 then fail('BADARG expected 4 or 5 keys, got ' .. #KEYS) end
+  if #ARGV ~= #KEYS * 2 - 2 then
+    fail('BADARG expected ' .. (#KEYS * 2 - 2) .. ' arguments with ' .. #KEYS .. ' keys, got ' .. #ARGV)
+  end
+  local names = { 'budget', 'stock', 'record_ttl_secs', 'refund_ttl_secs', 'event_id', 'customer_id',
+    'order_id', 'index_ttl_secs' }
+  for i = 1, #ARGV do
+    local name, v = names[i], ARGV[i]
     local ok
     if i <= 2 then ok = v == '' or canonical(v)
-    elseif i <= 4 then ok = canonical(v) and v ~= '0'
+    elseif i <= 4 or i == 8 then ok = canonical(v) and v ~= '0'
     else ok = event_id(v) end
     if not ok then fail('BADARG ' .. name .. ': ' .. show(v)) end
   end
@@ -114,6 +121,7 @@ local function main()
   -- 2. Nothing deducted: leave a tombstone (holding this result) so that a late
   -- placement of this order is rejected order_reverted instead of deducted.
   if not rec then
+    index_record(KEYS[5], ARGV[7], ARGV[8], guarded)
     rec = { fields = { state = 'reverted', budget = '0', stock = '0', budget0 = '0', stock0 = '0' } }
     return reject('no_deduction', record_ttl)
   end

@@ -83,6 +83,13 @@ impl Keys {
         format!("{}:{{{}}}:rejected:{}", self.prefix, p, event)
     }
 
+    /// `promo:{P}:index:<day>`: the order ids of P's records created on
+    /// that unix day (`deduct.lua` on a standalone server), which `audit P`
+    /// reads instead of scanning the keyspace.
+    pub fn index(&self, p: &Id, day: u64) -> String {
+        format!("{}:{{{}}}:index:{}", self.prefix, p, day)
+    }
+
     /// KEYS of `deduct.lua` and `release.lua` for one placement line.
     pub fn deduct_line(&self, p: &Id, order: &Id, customer: &Id, event: &Id) -> LineKeys {
         LineKeys {

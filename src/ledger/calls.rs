@@ -20,44 +20,71 @@ pub struct Call {
 pub struct Ttls {
     pub record: String,
     pub refund: String,
+    /// `deduct.lua`'s `index_ttl_secs` (record TTL + one day) where new
+    /// records are indexed by day (a standalone server: `audit P` reads
+    /// the index, not the keyspace); `None` on a Redis Cluster, where
+    /// `audit` lists slot {P} and no index is kept.
+    pub index: Option<String>,
 }
+
+/// Seconds in a day: the width of one `promo:{P}:index:<D>`.
+pub const DAY_SECS: u64 = 86_400;
 
 impl Ttls {
     pub fn new(record_secs: u64, refund_secs: u64) -> Ttls {
         Ttls {
             record: record_secs.to_string(),
             refund: refund_secs.to_string(),
+            index: None,
         }
     }
+
+    /// The same, with new records indexed by day (a standalone server).
+    pub fn indexed(mut self, record_secs: u64) -> Ttls {
+        self.index = Some(record_secs.saturating_add(DAY_SECS).to_string());
+        self
+    }
+}
+
+/// Today as `promo:{P}:index:<D>` numbers days: unix seconds / 86400.
+pub fn today() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / DAY_SECS)
 }
 
 fn call(script: &'static Script, keys: Vec<String>, args: Vec<String>) -> Call {
     Call { script, keys, args }
 }
 
-/// `deduct.lua` for one placement line.
-pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine) -> Call {
+/// `deduct.lua` for one placement line; with `ttl.index`, a record it
+/// creates is added to the index of `day` (see [`today`]).
+pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
-    call(
-        &scripts::DEDUCT,
-        k.into_vec(),
-        vec![
-            line.budget.to_string(),
-            line.stock.to_string(),
-            h.occurred_at.to_string(),
-            h.event_id.to_string(),
-            ttl.record.clone(),
-            ttl.refund.clone(),
-            h.customer_id.to_string(),
-        ],
-    )
+    let mut key_list = k.into_vec();
+    let mut args = vec![
+        line.budget.to_string(),
+        line.stock.to_string(),
+        h.occurred_at.to_string(),
+        h.event_id.to_string(),
+        ttl.record.clone(),
+        ttl.refund.clone(),
+        h.customer_id.to_string(),
+    ];
+    if let Some(index_ttl) = &ttl.index {
+        key_list.push(keys.index(&line.promotion_id, day));
+        args.push(h.order_id.to_string());
+        args.push(index_ttl.clone());
+    }
+    call(&scripts::DEDUCT, key_list, args)
 }
 
 /// `deduct_batch.lua`: the [`deduct`] calls of `lines`, decided in this
 /// order in one call (their keys and arguments are moved, not copied).
 pub fn deduct_batch(lines: Vec<Call>) -> Call {
-    let mut keys = Vec::with_capacity(4 * lines.len());
-    let mut args = Vec::with_capacity(1 + 7 * lines.len());
+    let width = lines.first().map_or(4, |c| c.keys.len());
+    let mut keys = Vec::with_capacity(width * lines.len());
+    let mut args = Vec::with_capacity(1 + (2 * width - 1) * lines.len());
     args.push(lines.len().to_string());
     for c in lines {
         keys.extend(c.keys);
@@ -86,22 +113,33 @@ pub fn memo(keys: &Keys, h: &Header, p: &Id) -> Call {
 }
 
 /// `rollback.lua` for one refund line, acting on `customer`'s counter (the
-/// event's, or the one the record names: see [`super::reply::RollbackReply`]).
-pub fn rollback(keys: &Keys, ttl: &Ttls, h: &Header, line: &RefundLine, customer: &Id) -> Call {
+/// event's, or the one the record names: see [`super::reply::RollbackReply`]);
+/// with `ttl.index`, a tombstone it creates is added to the index of `day`.
+pub fn rollback(
+    keys: &Keys,
+    ttl: &Ttls,
+    h: &Header,
+    line: &RefundLine,
+    customer: &Id,
+    day: u64,
+) -> Call {
     let k = keys.rollback_line(&line.promotion_id, &h.order_id, customer, &h.event_id);
     let amount = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-    call(
-        &scripts::ROLLBACK,
-        k.into_vec(),
-        vec![
-            amount(line.budget),
-            amount(line.stock),
-            ttl.record.clone(),
-            ttl.refund.clone(),
-            h.event_id.to_string(),
-            customer.to_string(),
-        ],
-    )
+    let mut key_list = k.into_vec();
+    let mut args = vec![
+        amount(line.budget),
+        amount(line.stock),
+        ttl.record.clone(),
+        ttl.refund.clone(),
+        h.event_id.to_string(),
+        customer.to_string(),
+    ];
+    if let Some(index_ttl) = &ttl.index {
+        key_list.push(keys.index(&line.promotion_id, day));
+        args.push(h.order_id.to_string());
+        args.push(index_ttl.clone());
+    }
+    call(&scripts::ROLLBACK, key_list, args)
 }
 
 /// How `promo_set.lua` treats an existing promotion (its ARGV[1]).
@@ -183,6 +221,9 @@ pub enum AuditMode<'a> {
     Scan { limit: u64 },
     /// The keys the caller listed.
     Keys(&'a [String]),
+    /// A standalone server: the records the promotion's day indexes name,
+    /// `today` being the caller's [`today`].
+    Index { today: u64 },
 }
 
 /// `audit.lua`: promotion `p`, its records and counters, read at one instant.
@@ -193,6 +234,7 @@ pub fn audit(keys: &Keys, p: &Id, mode: AuditMode<'_>) -> Call {
         AuditMode::Slot => vec!["slot".to_owned(), prefix, "0".to_owned()],
         AuditMode::Scan { limit } => vec!["scan".to_owned(), prefix, limit.to_string()],
         AuditMode::Keys(_) => vec!["keys".to_owned(), prefix, "0".to_owned()],
+        AuditMode::Index { today } => vec!["index".to_owned(), prefix, today.to_string()],
     };
     if let AuditMode::Keys(listed) = mode {
         args.extend(listed.iter().cloned());
@@ -268,6 +310,7 @@ mod tests {
                     .replace("{O}", "o1")
                     .replace("{C}", customer)
                     .replace("{E}", "e1")
+                    .replace("{D}", "77")
             })
             .collect();
         assert_eq!(c.keys, expected, "{}: KEYS", c.script.name);
@@ -301,21 +344,41 @@ mod tests {
 
     #[test]
     fn deduct_follows_its_header() {
-        let c = deduct(&Keys::default(), &ttl(), &h(), &place_line());
-        assert_eq!(c.args.len(), 7);
-        check(
-            &c,
-            "c1",
-            &[
-                ("budget", "11"),
-                ("stock", "22"),
-                ("occurred_at", "-33"),
-                ("event_id", "e1"),
-                ("record_ttl_secs", "44"),
-                ("refund_ttl_secs", "55"),
-                ("customer_id", "c1"),
-            ],
+        let values = [
+            ("budget", "11"),
+            ("stock", "22"),
+            ("occurred_at", "-33"),
+            ("event_id", "e1"),
+            ("record_ttl_secs", "44"),
+            ("refund_ttl_secs", "55"),
+            ("customer_id", "c1"),
+            ("order_id", "o1"),
+            ("index_ttl_secs", "86444"),
+        ];
+        // A standalone server: every KEYS and ARGV line, the index of day 77.
+        let c = deduct(
+            &Keys::default(),
+            &ttl().indexed(44),
+            &h(),
+            &place_line(),
+            77,
         );
+        assert_eq!(c.args.len(), 9);
+        assert_eq!(c.keys[4], "promo:{p1}:index:77");
+        check(&c, "c1", &values);
+        // A Redis Cluster: the first four keys and seven arguments, no index.
+        let c = deduct(&Keys::default(), &ttl(), &h(), &place_line(), 77);
+        assert_eq!(c.keys.len(), 4);
+        assert_eq!(c.args.len(), 7);
+        let indexed = deduct(
+            &Keys::default(),
+            &ttl().indexed(44),
+            &h(),
+            &place_line(),
+            77,
+        );
+        assert_eq!(c.keys[..], indexed.keys[..4]);
+        assert_eq!(c.args[..], indexed.args[..7]);
     }
 
     #[test]
@@ -353,8 +416,15 @@ mod tests {
             budget: Some(7),
             stock: None,
         };
-        let c = rollback(&Keys::default(), &ttl(), &h(), &line, &id("c9"));
-        assert_eq!(c.args.len(), 6);
+        let c = rollback(
+            &Keys::default(),
+            &ttl().indexed(44),
+            &h(),
+            &line,
+            &id("c9"),
+            77,
+        );
+        assert_eq!(c.args.len(), 8);
         check(
             &c,
             "c9",
@@ -365,8 +435,13 @@ mod tests {
                 ("refund_ttl_secs", "55"),
                 ("event_id", "e1"),
                 ("customer_id", "c9"),
+                ("order_id", "o1"),
+                ("index_ttl_secs", "86444"),
             ],
         );
+        let plain = rollback(&Keys::default(), &ttl(), &h(), &line, &id("c9"), 77);
+        assert_eq!(plain.keys[..], c.keys[..4]);
+        assert_eq!(plain.args[..], c.args[..6]);
     }
 
     #[test]
@@ -417,6 +492,11 @@ mod tests {
         let c = audit(&k, &p, AuditMode::Keys(&listed));
         check(&c, "c1", &[("mode", "keys"), prefix, ("limit", "0")]);
         assert_eq!(c.args[3..], listed);
+        check(
+            &audit(&k, &p, AuditMode::Index { today: 20_000 }),
+            "c1",
+            &[("mode", "index"), prefix, ("limit", "20000")],
+        );
     }
 
     #[test]
@@ -425,8 +505,8 @@ mod tests {
         b.event_id = id("e-2");
         b.customer_id = id("c-2");
         let lines = [
-            deduct(&Keys::new("promo"), &ttl(), &a, &place_line()),
-            deduct(&Keys::new("promo"), &ttl(), &b, &place_line()),
+            deduct(&Keys::new("promo"), &ttl(), &a, &place_line(), 1),
+            deduct(&Keys::new("promo"), &ttl(), &b, &place_line(), 1),
         ];
         let batch = deduct_batch(lines.to_vec());
         assert_eq!(batch.script.name, "deduct_batch");
@@ -440,6 +520,19 @@ mod tests {
         let header = own(&scripts::DEDUCT_BATCH);
         assert!(header.contains("KEYS[4i+1 .. 4i+4]"), "{header}");
         assert!(header.contains("ARGV[7i+2 .. 7i+8]"), "{header}");
+        // With the index: five keys and nine arguments a line.
+        let ttl = ttl().indexed(44);
+        let lines = [
+            deduct(&Keys::new("promo"), &ttl, &a, &place_line(), 1),
+            deduct(&Keys::new("promo"), &ttl, &b, &place_line(), 1),
+        ];
+        let batch = deduct_batch(lines.to_vec());
+        assert_eq!(batch.keys.len(), 10);
+        assert_eq!(batch.keys[5..], lines[1].keys[..]);
+        assert_eq!(batch.args.len(), 19);
+        assert_eq!(batch.args[10..], lines[1].args[..]);
+        assert!(header.contains("KEYS[5i+1 .. 5i+5]"), "{header}");
+        assert!(header.contains("ARGV[9i+2 .. 9i+10]"), "{header}");
     }
 
     #[test]

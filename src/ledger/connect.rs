@@ -230,7 +230,15 @@ impl Ledger {
                 batcher,
                 wedge: Default::default(),
                 keys: Keys::new(settings.key_prefix.clone()),
-                ttl: Ttls::new(settings.record_ttl_secs, settings.refund_ttl_secs),
+                ttl: {
+                    let ttl = Ttls::new(settings.record_ttl_secs, settings.refund_ttl_secs);
+                    // A Redis Cluster lists slot {P} for `audit P`: no index there.
+                    if clustered {
+                        ttl
+                    } else {
+                        ttl.indexed(settings.record_ttl_secs)
+                    }
+                },
                 slow_script: Duration::from_millis(settings.slow_script_ms),
                 wait_replicas: settings.wait_replicas,
                 wait_timeout,

@@ -203,7 +203,14 @@ impl Ledger {
         // At most one switch is expected; a record that changes hands again
         // meanwhile (a racing delivery) gets one more try.
         for _ in 0..3 {
-            let call = calls::rollback(self.keys(), &self.shared.ttl, h, line, &customer);
+            let call = calls::rollback(
+                self.keys(),
+                &self.shared.ttl,
+                h,
+                line,
+                &customer,
+                calls::today(),
+            );
             let reply = self.run(call, Some(&h.order_id), p).await?;
             match reply::decode_rollback(reply)? {
                 RollbackReply::Line(r) => return Ok(r),
@@ -259,7 +266,7 @@ impl Ledger {
     }
 
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
-        let call = calls::deduct(self.keys(), &self.shared.ttl, h, line);
+        let call = calls::deduct(self.keys(), &self.shared.ttl, h, line, calls::today());
         let reply = match &self.shared.batcher {
             Some(b) => {
                 let result = b.deduct(call).await;

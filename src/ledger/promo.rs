@@ -7,13 +7,20 @@ use super::{Ledger, LedgerError};
 use crate::domain::event::Id;
 
 impl Ledger {
-    /// Writes promotion `p`'s hash from `fields` (`promo_set.lua`).
+    /// Writes promotion `p`'s hash from `fields` (`promo_set.lua`). On a
+    /// standalone server, where deduct.lua indexes every record it creates
+    /// by day, the new incarnation gets `indexed` (today, the first day its
+    /// records can be in an index): `audit P` then reads the index instead
+    /// of the keyspace.
     pub async fn promo_set(
         &self,
         p: &Id,
         mode: SetMode,
-        fields: Vec<(&str, String)>,
+        mut fields: Vec<(&str, String)>,
     ) -> Result<SetReply, LedgerError> {
+        if self.shared.ttl.index.is_some() {
+            fields.push(("indexed", calls::today().to_string()));
+        }
         let call = calls::promo_set(self.keys(), p, mode, fields);
         reply::decode_promo_set(self.run(call, None, p).await?)
     }

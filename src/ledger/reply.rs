@@ -398,6 +398,9 @@ pub struct Snapshot {
     pub promotion: Option<Stored>,
     pub records: Vec<(String, Stored)>,
     pub counters: Vec<(String, Stored)>,
+    /// Mode "index": each day index of the promotion that is not a set
+    /// (its `TYPE`: corrupt).
+    pub indexes: Vec<(String, Stored)>,
 }
 
 /// `audit.lua`'s reply.
@@ -406,6 +409,9 @@ pub enum AuditReply {
     Read(Snapshot),
     /// Mode "scan" on a database holding this many keys: nothing was read.
     TooBig(u64),
+    /// Mode "index" on a promotion without `indexed` (created by an
+    /// earlier release, or on a Redis Cluster): nothing was read.
+    Unindexed,
 }
 
 /// `{type, values...}` of audit.lua as a [`Stored`].
@@ -447,7 +453,8 @@ fn keyed(name: &'static str, v: Value) -> Result<Vec<(String, Stored)>, LedgerEr
         .collect()
 }
 
-/// Decodes `{"ok", promotion, records, counters}` or `{"too_big", n}`.
+/// Decodes `{"ok", promotion, records, counters, indexes}`, `{"too_big", n}`
+/// or `{"unindexed"}`.
 pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
     let name = AUDIT.name;
     let Value::Array(mut items) = reply else {
@@ -458,7 +465,9 @@ pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
             let n = integer(&items[1]).unwrap_or_default();
             Ok(AuditReply::TooBig(n.max(0) as u64))
         }
-        Some("ok") if items.len() == 4 => {
+        Some("unindexed") if items.len() == 1 => Ok(AuditReply::Unindexed),
+        Some("ok") if items.len() == 5 => {
+            let indexes = keyed(name, items.pop().unwrap_or(Value::Null))?;
             let counters = keyed(name, items.pop().unwrap_or(Value::Null))?;
             let records = keyed(name, items.pop().unwrap_or(Value::Null))?;
             let promotion = match items.pop() {
@@ -469,6 +478,7 @@ pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
                 promotion: Some(promotion),
                 records,
                 counters,
+                indexes,
             }))
         }
         _ => Err(LedgerError::malformed(name, format!("reply {items:?}"))),

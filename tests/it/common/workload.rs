@@ -482,6 +482,9 @@ pub async fn verify(
             "{label}: promotion {p}: Redis counters (initial - remaining) differ from the decisions (accepted - refunded)"
         );
         let report = audit::audit_one(ledger, &id).await.unwrap();
+        if let Err(e) = super::redis::index_reads_as_the_keyspace(ledger, &id).await {
+            panic!("{label}: {e}");
+        }
         assert!(
             report.breaches.is_empty(),
             "{label}: ledger invariant of {p}: {:?}",

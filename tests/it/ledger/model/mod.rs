@@ -363,6 +363,11 @@ async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), Te
             action
         );
         check_invariant(&keys, &actual, &model)?;
+        for p in PROMOS {
+            if let Err(e) = index_reads_as_the_keyspace(&r.ledger, &id(p)).await {
+                return Err(TestCaseError::fail(format!("step {step}: {action:?}: {e}")));
+            }
+        }
         STEPS.fetch_add(1, Ordering::Relaxed);
     }
     CASES.fetch_add(1, Ordering::Relaxed);
@@ -392,20 +397,12 @@ async fn seed(r: &TestRedis, model: &mut Model, i: usize, force: bool) {
 async fn zombie(r: &TestRedis, e: &OrderPlaced, upto: usize) {
     let h = &e.header;
     for l in e.lines.iter().take(upto) {
-        let k = r
-            .keys()
-            .deduct_line(&l.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
-        let args = vec![
-            l.budget.to_string(),
-            l.stock.to_string(),
-            h.occurred_at.to_string(),
-            h.event_id.to_string(),
-            "2592000".to_owned(),
-            "604800".to_owned(),
-            h.customer_id.to_string(),
-        ];
+        // The service's call (with the day index: a standalone server).
+        let ttl = deductor::ledger::calls::Ttls::new(2_592_000, 604_800).indexed(2_592_000);
+        let today = deductor::ledger::calls::today();
+        let c = deductor::ledger::calls::deduct(r.keys(), &ttl, h, l, today);
         // A corrupt line's error reply is what the zombie saw before dying.
-        let _ = r.eval(scripts::DEDUCT.body, k.as_vec(), args).await;
+        let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
     }
 }
 

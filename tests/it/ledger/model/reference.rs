@@ -118,6 +118,10 @@ pub(super) struct Model {
     pub(super) refund_corrupt: std::collections::BTreeSet<(usize, String)>,
     /// The ledger marker (`promo:ledger`), as the first `promo set` wrote it.
     pub(super) marker: Option<String>,
+    /// (promotion, order): every record a script created (a deduction or a
+    /// refund's tombstone), named by the promotion's day index; a record
+    /// deleted later (a release) stays named.
+    pub(super) indexed: std::collections::BTreeSet<(usize, usize)>,
 }
 
 pub(super) struct Line {
@@ -279,6 +283,7 @@ impl Model {
             *self.used.entry((p, c)).or_insert(0) += 1;
         }
         let gen = pr.fields.get("gen").cloned();
+        self.indexed.insert((p, o));
         self.records.insert(
             (p, o),
             Rec {
@@ -523,6 +528,9 @@ impl Model {
             self.refund_corrupt.insert((p, e.to_owned()));
             return line(Err(Reason::CorruptPromotion), false, 0, 0);
         }
+        if !self.records.contains_key(&(p, o)) {
+            self.indexed.insert((p, o));
+        }
         let rec = self.records.entry((p, o)).or_insert_with(|| {
             let mut t = Rec::tombstone();
             t.refunds
@@ -663,6 +671,15 @@ impl Model {
                 keys.record(&p(*i), &id(&format!("o{o}"))),
                 ttl(DumpedValue::Hash(h)),
             );
+        }
+        for (i, o) in &self.indexed {
+            let entry = d.entry(index_key(keys, PROMOS[*i])).or_insert(Dumped {
+                value: DumpedValue::Set(Default::default()),
+                expires: true,
+            });
+            if let DumpedValue::Set(members) = &mut entry.value {
+                members.insert(format!("o{o}"));
+            }
         }
         for ((i, e), r) in &self.rejected {
             d.insert(

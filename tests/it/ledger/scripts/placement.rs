@@ -55,7 +55,12 @@ async fn accept_deducts_counts_and_records() {
         want
     );
     assert!(!dump.contains_key(&k.memo), "an acceptance stores no memo");
-    assert_eq!(dump.len(), 3, "{dump:#?}");
+    // The new record's order in the day index (a standalone server), which
+    // outlives the record.
+    let index = &dump[&index_key(r.keys(), "p")];
+    assert_eq!(index.value, DumpedValue::Set(["o1".to_owned()].into()));
+    assert!(index.expires, "the index has a TTL");
+    assert_eq!(dump.len(), 4, "{dump:#?}");
 }
 
 #[tokio::test]

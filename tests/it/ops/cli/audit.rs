@@ -398,3 +398,151 @@ async fn audit_refuses_a_slot_being_migrated() {
     ledger.quit().await;
     drop(cluster);
 }
+
+/// Item 16: on a standalone server, `audit P` of a promotion this release
+/// created reads P's day indexes (`promo:{P}:index:<D>`): no `SCAN`, no
+/// `DBSIZE`, nothing in proportion to the keyspace, and the same findings
+/// as a read of the whole keyspace (records, deductions held, a refund's
+/// tombstone, a multi-line order). Each index outlives the records it
+/// names. A real breach is still reported (confirmed by the keyspace read),
+/// and a promotion an earlier release created (no `indexed`) is audited by
+/// the keyspace read as before. On a server of its own, so that
+/// `INFO commandstats` counts this audit's commands alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_of_a_large_standalone_keyspace_costs_in_proportion_to_the_promotion() {
+    use crate::common::replication::{self, cli, eventually, free_port};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _server = replication::redis(dir.path(), port, &["--appendonly", "no"]);
+    eventually(20, "the private redis answers", || {
+        cli(port, &["PING"]).ends_with("PONG")
+    })
+    .await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let ledger = deductor::ledger::Ledger::connect(&redis::settings(&url, &redis::unique_prefix()))
+        .await
+        .expect("connect");
+    let r = TestRedis::of_ledger(ledger, &url).await;
+    let (p, q) = (id("big"), id("other"));
+    for (promo, per_customer) in [(&p, Some(2)), (&q, None)] {
+        let spec = PromoSpec {
+            budget: Some(100_000),
+            stock: Some(1_000),
+            per_customer,
+            ..PromoSpec::default()
+        };
+        deductor::admin::promo_set(&r.ledger, promo, spec, false)
+            .await
+            .expect("promo set");
+    }
+    for n in 0..40 {
+        let ev = placed(
+            &format!("e{n}"),
+            &format!("o{n}"),
+            &format!("c{}", n % 25),
+            1_800_000_000,
+            &[("big", 10, 1)],
+        );
+        r.ledger.place(&ev).await.expect("place");
+    }
+    let multi = placed(
+        "e40",
+        "o40",
+        "c40",
+        1_800_000_000,
+        &[("big", 5, 2), ("other", 1, 1)],
+    );
+    r.ledger.place(&multi).await.expect("place");
+    // o0 refunded whole (reverted), o1 in part (5 of its budget).
+    for (e, o, c, budget, stock) in [
+        ("r0", "o0", "c0", None, None),
+        ("r1", "o1", "c1", Some(5), Some(0)),
+    ] {
+        let rf = refunded(e, o, c, &[("big", budget, stock)]);
+        let d = r.ledger.refund(&rf).await.expect("refund");
+        assert!(d.applied(), "{e}: {d:?}");
+    }
+    // A refund of an order never placed leaves a tombstone record.
+    let rf = refunded("r99", "o99", "c99", &[("big", None, None)]);
+    r.ledger.refund(&rf).await.expect("refund");
+    // The rest of the keyspace: 150,000 keys of nothing deductor knows.
+    let fill = "for i = 1, tonumber(ARGV[1]) do redis.call('SET', ARGV[2] .. i, 'x') end return 1";
+    r.eval(fill, vec![], vec!["150000".into(), "noise:".into()])
+        .await
+        .expect("fill the keyspace");
+    assert!(
+        cli(port, &["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > SCAN_IN_SCRIPT_LIMIT,
+        "more keys than the script scans"
+    );
+
+    assert_eq!(cli(port, &["CONFIG", "RESETSTAT"]).trim(), "OK");
+    let rep = audit_one(&r.ledger, &p).await.expect("audit");
+    let stats = cli(port, &["INFO", "commandstats"]);
+    for keyspace_wide in ["cmdstat_scan:", "cmdstat_dbsize:", "cmdstat_keys:"] {
+        assert!(
+            !stats.contains(keyspace_wide),
+            "audit P ran {keyspace_wide} on a large keyspace:\n{stats}"
+        );
+    }
+    assert!(rep.breaches.is_empty(), "{rep:?}");
+    // o0..o40 and o99's tombstone; o1..o40 hold deductions.
+    assert_eq!((rep.records, rep.held), (42, 40), "{rep:?}");
+    assert_eq!(
+        (rep.outstanding_budget, rep.outstanding_stock),
+        (39 * 10 - 5 + 5, 39 + 2),
+        "{rep:?}"
+    );
+    assert_eq!(rep.stock, Some(1_000 - 41), "{rep:?}");
+    redis::index_reads_as_the_keyspace(&r.ledger, &p)
+        .await
+        .expect("the index names every record");
+    redis::index_reads_as_the_keyspace(&r.ledger, &q)
+        .await
+        .expect("the index names every record of the other promotion");
+
+    // Every index outlives each record it names.
+    let index = r.keys().index(&p, deductor::ledger::calls::today());
+    let index_ttl: i64 = cli(port, &["PTTL", &index]).trim().parse().expect("pttl");
+    for o in (0..=40).chain([99]) {
+        let record = r.keys().record(&p, &id(&format!("o{o}")));
+        let ttl: i64 = cli(port, &["PTTL", &record]).trim().parse().expect("pttl");
+        assert!(
+            ttl > 0 && index_ttl > ttl,
+            "o{o}: record {ttl} ms, index {index_ttl} ms"
+        );
+        assert_eq!(
+            cli(port, &["SISMEMBER", &index, &format!("o{o}")]).trim(),
+            "1"
+        );
+    }
+
+    // A real breach is reported: one unit of stock gone without a record.
+    let _: i64 = r
+        .pool()
+        .hincrby(r.keys().promotion(&p), "stock", -1)
+        .await
+        .expect("hincrby");
+    let rep = audit_one(&r.ledger, &p).await.expect("audit");
+    assert_eq!(rep.breaches.len(), 1, "{rep:?}");
+    assert!(rep.breaches[0].contains("stock"), "{rep:?}");
+    let _: i64 = r
+        .pool()
+        .hincrby(r.keys().promotion(&p), "stock", 1)
+        .await
+        .expect("hincrby");
+
+    // A promotion of an earlier release (no `indexed`): the keyspace read.
+    let _: i64 = r
+        .pool()
+        .hdel(r.keys().promotion(&p), "indexed")
+        .await
+        .expect("hdel");
+    assert_eq!(cli(port, &["CONFIG", "RESETSTAT"]).trim(), "OK");
+    let old = audit_one(&r.ledger, &p).await.expect("audit");
+    assert!(
+        cli(port, &["INFO", "commandstats"]).contains("cmdstat_scan:"),
+        "an unindexed promotion is listed by SCAN"
+    );
+    assert!(old.breaches.is_empty(), "{old:?}");
+    assert_eq!((old.records, old.held), (42, 40), "{old:?}");
+}

@@ -13,7 +13,7 @@ use deductor::admin::PromoSpec;
 /// and the commands the scripts themselves run (Redis checks those against
 /// the calling user too).
 pub(super) const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +get +set +del +decr +hgetall +hset +hincrby";
+    +get +set +del +decr +hgetall +hset +hincrby +sadd +expire";
 
 /// The operators' user for `promo set|show|pause|resume|adjust|limit|delete`,
 /// as documented: the promo_* scripts, plain reads and the ledger marker
@@ -30,7 +30,7 @@ pub(super) const OPERATOR_ACL: &str = "resetchannels -@all +evalsha +eval +scrip
 /// a Cluster).
 pub(super) const READER_ACL: &str = "resetchannels -@all +ping +info +scan +hgetall +hget \
     +hmget +get +exists +type +evalsha +eval +script|load +dbsize +cluster|keyslot \
-    +cluster|nodes +cluster|countkeysinslot +cluster|getkeysinslot";
+    +cluster|nodes +cluster|countkeysinslot +cluster|getkeysinslot +smembers";
 
 pub(super) fn acl_rules(password: &str, prefix: &str, rules: &str) -> Vec<String> {
     let mut v = vec![
@@ -382,12 +382,24 @@ pub(super) async fn service_ops_as(
         // A batch with two lines of p, coalesced: p's counters are written
         // once, by HSET, at the end (lua/deduct_batch.lua), as the service's
         // batches do under load.
+        // With the day index, as the service calls it, on a standalone server.
         let ttl = deductor::ledger::calls::Ttls::new(3600, 3600);
+        let ttl = if ledger.is_clustered() {
+            ttl
+        } else {
+            ttl.indexed(3600)
+        };
         let lines: Vec<_> = [("e-4", "o-4", "c-4"), ("e-5", "o-5", "c-5")]
             .iter()
             .map(|(e, o, c)| {
                 let e = placed(&format!("{e}-{round}"), o, c, at, &[(&p, 1, 1)]);
-                deductor::ledger::calls::deduct(ledger.keys(), &ttl, &e.header, &e.lines[0])
+                deductor::ledger::calls::deduct(
+                    ledger.keys(),
+                    &ttl,
+                    &e.header,
+                    &e.lines[0],
+                    deductor::ledger::calls::today(),
+                )
             })
             .collect();
         let call = deductor::ledger::calls::deduct_batch(lines);
