@@ -1,5 +1,6 @@
 //! `deductor audit`: the ledger invariant of CONTRACT.md section 5, checked
-//! on the stored data with `SCAN` (never `KEYS`).
+//! on the stored data: a promotion's slot on a Cluster, its day indexes on
+//! a standalone server, `SCAN` (never `KEYS`) for a promotion without them.
 //!
 //! For each promotion P: remaining stock and budget >= 0 and never above
 //! the initial amounts; when the initial amounts are known (`promo set`
