@@ -8,7 +8,8 @@
 --                    with both a remaining amount and initial_*, initial - remaining
 --                    must be 0 (checked here, in the same step as the write, so a
 --                    deduction cannot land between the check and the replace)
--- ARGV[2..] field, value pairs of the new hash (at least one pair)
+-- ARGV[2..] field, value pairs of the new hash (at least one pair); an `indexed` field
+--            is replaced by the replaced hash's own `indexed`, when it has one
 --
 -- Every hash written gets `gen`, a new incarnation number (INCR of KEYS[2], which a
 -- delete of the hash leaves in place). Records store the `gen` they were deducted
@@ -38,8 +39,13 @@ if exists and force == '1' then
     if left and init and left ~= init then return 'outstanding' end
   end
 end
+-- A replaced incarnation's `indexed` day stays when the new hash gets one: the
+-- old incarnation's records are in the indexes since that day, and `audit`
+-- reads from it on (docs/contract.md section 2).
+local since = exists and redis.call('TYPE', key).ok == 'hash' and redis.call('HGET', key, 'indexed')
 local gen = redis.call('INCR', KEYS[2])
 if exists then redis.call('DEL', key) end
 redis.call('HSET', key, 'gen', string.format('%d', gen), unpack(ARGV, 2))
+if since and redis.call('HEXISTS', key, 'indexed') == 1 then redis.call('HSET', key, 'indexed', since) end
 if exists then return 'replaced' end
 return 'created'
