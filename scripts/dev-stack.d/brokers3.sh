@@ -124,7 +124,7 @@ brokers3_wait() {
         for n in "$@"; do
             brokers3_node_answers "$n" && continue
             left+=("$n")
-            if ! pid_alive "$(brokers3_pidfile "$n")" "$KAFKA_MAIN"; then
+            if pid_gone "$(brokers3_pidfile "$n")" "$KAFKA_MAIN"; then
                 die "brokers3 node $n exited during startup: $(grep -m1 -E 'ERROR|Exception' "$(brokers3_node_dir "$n")"/logs/{server.log,kafka.out} 2>/dev/null || echo "see $(brokers3_node_dir "$n")/logs")"
             fi
         done

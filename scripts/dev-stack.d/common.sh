@@ -68,6 +68,16 @@ pid_alive() {
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$2"
 }
 
+# pid_gone PIDFILE PATTERN: the process is not alive, and still not a second
+# later. A process started by `bash -c 'echo $$ >PIDFILE; exec ...'` can read
+# as not alive for an instant while it execs (its /proc entries are being
+# replaced): one look made `start-kafka` report a starting broker as exited.
+pid_gone() {
+    pid_alive "$1" "$2" && return 1
+    sleep 1
+    ! pid_alive "$1" "$2"
+}
+
 # stop_pid PIDFILE PATTERN NAME TIMEOUT [SIGNAL]: SIGTERM (or SIGNAL), wait
 # up to TIMEOUT seconds, then SIGKILL. Removes the pidfile. No-op if not running.
 stop_pid() {

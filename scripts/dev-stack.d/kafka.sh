@@ -298,7 +298,7 @@ kafka_wait() {
     local deadline=$((SECONDS + KAFKA_START_TIMEOUT))
     while ! kafka_answers; do
         if ((SECONDS >= deadline)); then return 1; fi
-        if [[ -s $KAFKA_PIDFILE ]] && ! pid_alive "$KAFKA_PIDFILE" "$KAFKA_MAIN"; then
+        if [[ -s $KAFKA_PIDFILE ]] && pid_gone "$KAFKA_PIDFILE" "$KAFKA_MAIN"; then
             die "Kafka exited during startup: $(grep -m1 -E 'ERROR|Exception' "$KAFKA_LOGS/server.log" "$KAFKA_LOGS/kafka.out" 2>/dev/null || echo "see $KAFKA_LOGS")"
         fi
         sleep 0.5

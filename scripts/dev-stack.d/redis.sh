@@ -81,7 +81,7 @@ redis_wait() {
     while ((SECONDS < deadline)); do
         redis_ping "$port" && return 0
         # Exited right away (bad config, port taken...): no point waiting.
-        if [[ -s $dir/redis.pid ]] && ! pid_alive "$dir/redis.pid" redis-server; then
+        if [[ -s $dir/redis.pid ]] && pid_gone "$dir/redis.pid" redis-server; then
             return 1
         fi
         sleep 0.1
