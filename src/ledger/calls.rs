@@ -57,12 +57,34 @@ fn call(script: &'static Script, keys: Vec<String>, args: Vec<String>) -> Call {
     Call { script, keys, args }
 }
 
+/// A line script's call, with the day index's key and arguments after its
+/// own (KEYS[5]: `promo:{P}:index:<day>`; the order id and the index TTL)
+/// where `ttl.index` says records are indexed.
+#[allow(clippy::too_many_arguments)]
+fn with_index(
+    script: &'static Script,
+    keys: &Keys,
+    ttl: &Ttls,
+    p: &Id,
+    h: &Header,
+    day: u64,
+    mut key_list: Vec<String>,
+    mut args: Vec<String>,
+) -> Call {
+    if let Some(index_ttl) = &ttl.index {
+        key_list.push(keys.index(p, day));
+        args.push(h.order_id.to_string());
+        args.push(index_ttl.clone());
+    }
+    call(script, key_list, args)
+}
+
 /// `deduct.lua` for one placement line; with `ttl.index`, a record it
 /// creates is added to the index of `day` (see [`today`]).
 pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
-    let mut key_list = k.into_vec();
-    let mut args = vec![
+    let key_list = k.into_vec();
+    let args = vec![
         line.budget.to_string(),
         line.stock.to_string(),
         h.occurred_at.to_string(),
@@ -71,12 +93,16 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -
         ttl.refund.clone(),
         h.customer_id.to_string(),
     ];
-    if let Some(index_ttl) = &ttl.index {
-        key_list.push(keys.index(&line.promotion_id, day));
-        args.push(h.order_id.to_string());
-        args.push(index_ttl.clone());
-    }
-    call(&scripts::DEDUCT, key_list, args)
+    with_index(
+        &scripts::DEDUCT,
+        keys,
+        ttl,
+        &line.promotion_id,
+        h,
+        day,
+        key_list,
+        args,
+    )
 }
 
 /// `deduct_batch.lua`: the [`deduct`] calls of `lines`, decided in this
@@ -125,8 +151,8 @@ pub fn rollback(
 ) -> Call {
     let k = keys.rollback_line(&line.promotion_id, &h.order_id, customer, &h.event_id);
     let amount = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-    let mut key_list = k.into_vec();
-    let mut args = vec![
+    let key_list = k.into_vec();
+    let args = vec![
         amount(line.budget),
         amount(line.stock),
         ttl.record.clone(),
@@ -134,12 +160,16 @@ pub fn rollback(
         h.event_id.to_string(),
         customer.to_string(),
     ];
-    if let Some(index_ttl) = &ttl.index {
-        key_list.push(keys.index(&line.promotion_id, day));
-        args.push(h.order_id.to_string());
-        args.push(index_ttl.clone());
-    }
-    call(&scripts::ROLLBACK, key_list, args)
+    with_index(
+        &scripts::ROLLBACK,
+        keys,
+        ttl,
+        &line.promotion_id,
+        h,
+        day,
+        key_list,
+        args,
+    )
 }
 
 /// How `promo_set.lua` treats an existing promotion (its ARGV[1]).
