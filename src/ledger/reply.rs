@@ -398,9 +398,9 @@ pub struct Snapshot {
     pub promotion: Option<Stored>,
     pub records: Vec<(String, Stored)>,
     pub counters: Vec<(String, Stored)>,
-    /// Mode "index": each day index of the promotion that is not a set
-    /// (its `TYPE`: corrupt).
-    pub indexes: Vec<(String, Stored)>,
+    /// Mode "index": each day index of the promotion that is not a set,
+    /// with its `TYPE` (corrupt).
+    pub indexes: Vec<(String, String)>,
 }
 
 /// `audit.lua`'s reply.
@@ -453,6 +453,24 @@ fn keyed(name: &'static str, v: Value) -> Result<Vec<(String, Stored)>, LedgerEr
         .collect()
 }
 
+/// `{key, type}` items of audit.lua (a key of the wrong type, no value).
+fn typed(name: &'static str, v: Value) -> Result<Vec<(String, String)>, LedgerError> {
+    let Value::Array(items) = v else {
+        return Err(LedgerError::malformed(name, format!("list {v:?}")));
+    };
+    items
+        .into_iter()
+        .map(|item| match &item {
+            Value::Array(parts) => match parts.as_slice() {
+                [key, kind] => text(key).zip(text(kind)),
+                _ => None,
+            }
+            .ok_or_else(|| LedgerError::malformed(name, format!("item {item:?}"))),
+            _ => Err(LedgerError::malformed(name, format!("item {item:?}"))),
+        })
+        .collect()
+}
+
 /// Decodes `{"ok", promotion, records, counters, indexes}`, `{"too_big", n}`
 /// or `{"unindexed"}`.
 pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
@@ -467,7 +485,7 @@ pub fn decode_audit(reply: Value) -> Result<AuditReply, LedgerError> {
         }
         Some("unindexed") if items.len() == 1 => Ok(AuditReply::Unindexed),
         Some("ok") if items.len() == 5 => {
-            let indexes = keyed(name, items.pop().unwrap_or(Value::Null))?;
+            let indexes = typed(name, items.pop().unwrap_or(Value::Null))?;
             let counters = keyed(name, items.pop().unwrap_or(Value::Null))?;
             let records = keyed(name, items.pop().unwrap_or(Value::Null))?;
             let promotion = match items.pop() {

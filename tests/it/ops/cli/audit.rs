@@ -516,6 +516,17 @@ async fn audit_of_a_large_standalone_keyspace_costs_in_proportion_to_the_promoti
         );
     }
 
+    // A day index of another type (corrupt) does not stop the audit: the
+    // index read reports it, and the keyspace read then decides.
+    let tomorrow = r.keys().index(&p, deductor::ledger::calls::today() + 1);
+    assert_eq!(cli(port, &["SET", &tomorrow, "x"]).trim(), "OK");
+    let rep = audit_one(&r.ledger, &p)
+        .await
+        .expect("audit with a corrupt index");
+    assert!(rep.breaches.is_empty(), "{rep:?}");
+    assert_eq!((rep.records, rep.held), (42, 40), "{rep:?}");
+    assert_eq!(cli(port, &["DEL", &tomorrow]).trim(), "1");
+
     // A real breach is reported: one unit of stock gone without a record.
     let _: i64 = r
         .pool()
