@@ -46,6 +46,6 @@ local since = exists and redis.call('TYPE', key).ok == 'hash' and redis.call('HG
 local gen = redis.call('INCR', KEYS[2])
 if exists then redis.call('DEL', key) end
 redis.call('HSET', key, 'gen', string.format('%d', gen), unpack(ARGV, 2))
-if since and redis.call('HEXISTS', key, 'indexed') == 1 then redis.call('HSET', key, 'indexed', since) end
+if since and redis.call('HGET', key, 'indexed') then redis.call('HSET', key, 'indexed', since) end
 if exists then return 'replaced' end
 return 'created'

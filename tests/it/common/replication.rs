@@ -289,6 +289,51 @@ impl Replicated {
         }
     }
 
+    /// Until the sentinels name `port` as primary; on timeout, panics with
+    /// each sentinel's and the replica's last log lines, so a failover that
+    /// never came says why (TILT, no good replica, no quorum).
+    pub async fn wait_promoted(&self, port: u16, secs: u64, sentinel_password: Option<&str>) {
+        let want = port.to_string();
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while self.sentinel_primary(sentinel_password) != want {
+            if Instant::now() >= deadline {
+                let tail = |path: std::path::PathBuf| {
+                    let log = std::fs::read_to_string(&path).unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().rev().take(25).collect();
+                    format!(
+                        "--- {} (last lines first):\n{}",
+                        path.display(),
+                        lines.join("\n")
+                    )
+                };
+                let mut logs: Vec<String> = self
+                    .sentinels
+                    .iter()
+                    .map(|s| {
+                        tail(
+                            self.dir
+                                .path()
+                                .join(format!("sentinel-{}", s.port))
+                                .join("sentinel.log"),
+                        )
+                    })
+                    .collect();
+                logs.push(tail(
+                    self.dir
+                        .path()
+                        .join(format!("redis-{port}"))
+                        .join("redis.log"),
+                ));
+                panic!(
+                    "timed out after {secs}s: Sentinel promotes {port}; sentinels name {:?}\n{}",
+                    self.sentinel_primary(sentinel_password),
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The port the sentinels name as primary now ("" when none answers).
     pub fn sentinel_primary(&self, sentinel_password: Option<&str>) -> String {
         let mut args: Vec<&str> = Vec::new();

@@ -560,11 +560,7 @@ async fn failover_run(wait_replicas: u32) -> Figures {
     let killed_at = Instant::now();
     r.primary.kill9();
     r.proxy.set(Link::Cut);
-    let new_primary = r.replica.port.to_string();
-    eventually(90, "Sentinel promotes the replica", || {
-        r.sentinel_primary(None) == new_primary
-    })
-    .await;
+    r.wait_promoted(r.replica.port, 90, None).await;
     let failover_secs = killed_at.elapsed().as_secs_f64();
     failed_over.store(true, Ordering::SeqCst);
     // The gate needs a replica again: the old primary rejoins as one.
