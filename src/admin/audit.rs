@@ -177,12 +177,37 @@ pub async fn audit_one_within(ledger: &Ledger, p: &Id, limit: u64) -> Result<Rep
     // below: a record that no index names (written by a previous release's
     // pod during a rollout, or restored by hand) must not make a false one.
     let today = crate::ledger::calls::today();
+    let mut bad_indexes = Vec::new();
     if let AuditReply::Read(s) = ledger.audit_read(p, AuditMode::Index { today }).await? {
         let r = report(ledger.keys(), p, &s);
         if r.breaches.is_empty() {
             return Ok(r);
         }
+        // A day index of another type is corrupt data (the scripts refuse
+        // the promotion's lines over it); the keyspace read below does not
+        // read indexes, so it is carried into its report.
+        bad_indexes = s
+            .indexes
+            .iter()
+            .map(|(key, t)| corrupt(key, "type", t))
+            .collect();
     }
+    let mut r = audit_keyspace(ledger, p, limit).await?;
+    for problem in bad_indexes {
+        if !r.corrupt.contains(&problem) {
+            r.corrupt.push(problem.clone());
+        }
+        if !r.breaches.contains(&problem) {
+            r.breaches.push(problem);
+        }
+    }
+    Ok(r)
+}
+
+/// The read of the whole promotion on a standalone server, in proportion to
+/// the keyspace: the script's own scan on a small one, else `SCAN` listings
+/// around a read of the keys listed.
+async fn audit_keyspace(ledger: &Ledger, p: &Id, limit: u64) -> Result<Report, LedgerError> {
     if let AuditReply::Read(s) = ledger.audit_read(p, AuditMode::Scan { limit }).await? {
         return Ok(report(ledger.keys(), p, &s));
     }

@@ -516,14 +516,20 @@ async fn audit_of_a_large_standalone_keyspace_costs_in_proportion_to_the_promoti
         );
     }
 
-    // A day index of another type (corrupt) does not stop the audit: the
-    // index read reports it, and the keyspace read then decides.
+    // A day index of another type is corrupt data (the scripts refuse P's
+    // lines over it): the audit still reads every record (the keyspace read
+    // decides the figures) and reports the index, and only it, as corrupt.
     let tomorrow = r.keys().index(&p, deductor::ledger::calls::today() + 1);
     assert_eq!(cli(port, &["SET", &tomorrow, "x"]).trim(), "OK");
     let rep = audit_one(&r.ledger, &p)
         .await
         .expect("audit with a corrupt index");
-    assert!(rep.breaches.is_empty(), "{rep:?}");
+    assert_eq!(rep.corrupt.len(), 1, "{rep:?}");
+    assert!(
+        rep.corrupt[0].contains(&tomorrow) && rep.corrupt[0].contains("string"),
+        "{rep:?}"
+    );
+    assert_eq!(rep.breaches, rep.corrupt, "{rep:?}");
     assert_eq!((rep.records, rep.held), (42, 40), "{rep:?}");
     assert_eq!(cli(port, &["DEL", &tomorrow]).trim(), "1");
 
