@@ -193,14 +193,8 @@ pub async fn audit_one_within(ledger: &Ledger, p: &Id, limit: u64) -> Result<Rep
             .collect();
     }
     let mut r = audit_keyspace(ledger, p, limit).await?;
-    for problem in bad_indexes {
-        if !r.corrupt.contains(&problem) {
-            r.corrupt.push(problem.clone());
-        }
-        if !r.breaches.contains(&problem) {
-            r.breaches.push(problem);
-        }
-    }
+    r.corrupt.extend(bad_indexes.iter().cloned());
+    r.breaches.extend(bad_indexes);
     Ok(r)
 }
 

@@ -82,6 +82,13 @@ pub fn repl_field(port: u16, field: &str) -> String {
         .to_owned()
 }
 
+/// The last `n` lines of the log at `path`, last line first ("" when unreadable).
+fn log_tail(path: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().rev().take(n).collect();
+    lines.join("\n")
+}
+
 /// Polls `check` every 100 ms for up to `secs` seconds; panics with `what`.
 pub async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -272,17 +279,9 @@ impl Replicated {
                 return;
             }
             if Instant::now() >= deadline {
-                let log = std::fs::read_to_string(
-                    self.dir
-                        .path()
-                        .join(format!("redis-{port}"))
-                        .join("redis.log"),
-                )
-                .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
                 panic!(
                     "timed out after 90s: replica {port} in sync; INFO replication:\n{info}\nlog (last lines first):\n{}",
-                    tail.join("\n")
+                    log_tail(&self.dir.path().join(format!("redis-{port}")).join("redis.log"), 30)
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -297,33 +296,26 @@ impl Replicated {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while self.sentinel_primary(sentinel_password) != want {
             if Instant::now() >= deadline {
-                let tail = |path: std::path::PathBuf| {
-                    let log = std::fs::read_to_string(&path).unwrap_or_default();
-                    let lines: Vec<&str> = log.lines().rev().take(25).collect();
-                    format!(
-                        "--- {} (last lines first):\n{}",
-                        path.display(),
-                        lines.join("\n")
-                    )
-                };
-                let mut logs: Vec<String> = self
+                let dir = self.dir.path();
+                let mut paths: Vec<PathBuf> = self
                     .sentinels
                     .iter()
                     .map(|s| {
-                        tail(
-                            self.dir
-                                .path()
-                                .join(format!("sentinel-{}", s.port))
-                                .join("sentinel.log"),
+                        dir.join(format!("sentinel-{}", s.port))
+                            .join("sentinel.log")
+                    })
+                    .collect();
+                paths.push(dir.join(format!("redis-{port}")).join("redis.log"));
+                let logs: Vec<String> = paths
+                    .iter()
+                    .map(|path| {
+                        format!(
+                            "--- {} (last lines first):\n{}",
+                            path.display(),
+                            log_tail(path, 25)
                         )
                     })
                     .collect();
-                logs.push(tail(
-                    self.dir
-                        .path()
-                        .join(format!("redis-{port}"))
-                        .join("redis.log"),
-                ));
                 panic!(
                     "timed out after {secs}s: Sentinel promotes {port}; sentinels name {:?}\n{}",
                     self.sentinel_primary(sentinel_password),
