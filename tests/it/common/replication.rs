@@ -23,11 +23,28 @@ pub use deductor_testkit::sentinel::{self, SERVICE};
 /// outgoing connection (a Kafka or Redis client of a test running beside),
 /// so that the restarted node cannot bind it.
 pub fn free_port() -> u16 {
+    free_ports(&[0])
+}
+
+/// Ports handed out by this test process so far. A port is never handed
+/// out twice: two nodes of one test (or of two tests running beside) drew
+/// the same random port once, and the second could not bind it.
+static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// A port `p` such that every `p + offset` is free now and was never
+/// handed out by this process; all of them are reserved at once.
+fn free_ports(offsets: &[u16]) -> u16 {
     use rand::Rng;
     let mut rng = rand::rng();
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let port = rng.random_range(20_000..32_000);
-        if StdListener::bind(("127.0.0.1", port)).is_ok() {
+        let all: Vec<u16> = offsets.iter().map(|o| port + o).collect();
+        if all
+            .iter()
+            .all(|p| !handed.contains(p) && StdListener::bind(("127.0.0.1", *p)).is_ok())
+        {
+            handed.extend(all);
             return port;
         }
     }
@@ -370,12 +387,7 @@ impl Replicated {
 
 /// A port free for a Redis Cluster node: it and its bus port (+10000).
 fn free_cluster_port() -> u16 {
-    loop {
-        let p = free_port();
-        if p < 55_000 && StdListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
-            return p;
-        }
-    }
+    free_ports(&[0, 10_000])
 }
 
 /// A Redis Cluster of three primaries with one replica each.
