@@ -61,7 +61,7 @@ pub fn describe() {
     );
     describe_counter!(
         TRANSACTIONS,
-        "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted; renewed: the producer was replaced after a fatal error)."
+        "kafka.delivery = exactly_once: transactions ended, by result (committed, aborted; renewed: the producer was replaced after a fatal error; unfenced: aborted because the group membership was lost, also counted as aborted)."
     );
     describe_counter!(REDIS_ERRORS, "Redis errors, by kind.");
     describe_counter!(

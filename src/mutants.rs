@@ -3,7 +3,8 @@
 //! The places that break are marked `#[cfg(feature = "mutants")]` where
 //! they are: `pipeline/lane.rs` (commit-early), `kafka/publisher.rs`
 //! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt, coalesce-skip-check),
-//! `kafka/transaction.rs` (boundary-commits-past-hole).
+//! `kafka/transaction.rs` (boundary-commits-past-hole), `kafka/membership.rs`
+//! (commit-unfenced).
 
 /// TEST-ONLY (cargo feature `mutants`, never shipped): true when
 /// DEDUCTOR_MUTANT (read once) names this deliberately broken behaviour, so

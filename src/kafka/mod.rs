@@ -3,6 +3,7 @@
 pub mod commit;
 pub mod consumer;
 pub mod headers;
+pub mod membership;
 pub mod offsets;
 pub mod publisher;
 pub mod refusal;

@@ -406,11 +406,12 @@ impl Transactions {
     }
 
     /// The end of one transaction and the start of the next; see the
-    /// module comment. `metadata` is the group's, read just before.
+    /// module comment. `metadata` is the group's, read just before
+    /// ([`super::membership::fenceable_metadata`]).
     /// `Err` only for what the service cannot go on from.
     pub async fn boundary(
         self: &Arc<Self>,
-        metadata: impl FnOnce() -> Option<ConsumerGroupMetadata>,
+        metadata: impl FnOnce() -> Result<ConsumerGroupMetadata, String>,
     ) -> Result<Boundary, KafkaError> {
         let gate = self.gate.clone().write_owned().await;
         let metadata = metadata();
@@ -432,7 +433,7 @@ impl Transactions {
     /// (events wait meanwhile, as they do for their produces).
     fn commit_or_abort(
         &self,
-        metadata: Option<ConsumerGroupMetadata>,
+        metadata: Result<ConsumerGroupMetadata, String>,
         deadline: Option<Instant>,
     ) -> Result<Boundary, KafkaError> {
         let _ops = lock(&self.ops);
@@ -458,8 +459,15 @@ impl Transactions {
         if commits.is_empty() {
             return Ok(Boundary::Committed);
         }
-        let Some(metadata) = metadata else {
-            return self.rewind("no consumer group metadata (not in the group)", deadline);
+        // Offsets go only with a live membership's metadata: with the
+        // sentinel of a lost one the broker would commit them unfenced
+        // (super::membership).
+        let metadata = match metadata {
+            Ok(m) => m,
+            Err(why) => {
+                metrics::transaction("unfenced");
+                return self.rewind(&format!("offsets not sent: {why}"), deadline);
+            }
         };
         let list = commit_list(&self.topic, &commits, &self.offsets.commit_metadata())?;
         let producer = self.producer();
@@ -622,7 +630,7 @@ impl Transactions {
     /// At shutdown, after the drain: commits when every started event
     /// finished and nothing failed, else aborts; gives up after `limit`
     /// (the broker then aborts it after transaction.timeout.ms). Blocking.
-    pub fn finish(&self, metadata: Option<ConsumerGroupMetadata>, limit: Duration) {
+    pub fn finish(&self, metadata: Result<ConsumerGroupMetadata, String>, limit: Duration) {
         let deadline = Some(Instant::now() + limit);
         if self.poisoned.load(Ordering::SeqCst) {
             tracing::warn!("the kafka producer is unusable at shutdown: its open transaction is aborted by the broker; its events are redone by the next owner");

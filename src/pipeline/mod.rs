@@ -319,7 +319,7 @@ pub async fn run_with_ledger(
                 if let Some(t) = &txn {
                     let (t, c) = (t.clone(), consumer.clone());
                     boundary = Some(tokio::spawn(async move {
-                        t.boundary(move || c.group_metadata()).await
+                        t.boundary(move || crate::kafka::membership::fenceable_metadata(&c)).await
                     }));
                     boundary_since = tokio::time::Instant::now();
                     if let Some(w) = &boundary_watch {

@@ -98,7 +98,10 @@ pub(super) async fn wind_down(h: Held, settings: &Settings) -> Vec<&'static str>
         // boundary stuck in librdkafka holds the producer's lock: then it
         // is not tried.
         Some(t) if boundary_done => {
-            let (t, metadata) = (t.clone(), consumer.group_metadata());
+            let (t, metadata) = (
+                t.clone(),
+                crate::kafka::membership::fenceable_metadata(&consumer),
+            );
             let limit = Duration::from_secs(3);
             let last = tokio::task::spawn_blocking(move || t.finish(metadata, limit));
             if tokio::time::timeout_at(step(4), last).await.is_err() {

@@ -53,4 +53,5 @@ mod service {
     mod slot_migration;
     mod upgrade;
     mod wedged_client;
+    mod zombie_fencing;
 }

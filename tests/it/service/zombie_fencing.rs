@@ -1,0 +1,101 @@
+//! A zombie's transaction must not commit: KIP-447 fences its offsets by
+//! the group membership sent with them, but the broker skips that check
+//! for the "no member" sentinel (member id "", generation -1) that
+//! librdkafka's metadata carries once its membership is lost. This test
+//! shows the broker's rule on the real broker, and that the boundary's
+//! guard (`kafka::membership::fenceable_metadata`) refuses exactly the
+//! metadata that would slip through and accepts a live member's.
+
+use std::time::{Duration, Instant};
+
+use deductor::kafka::membership::{current, fenceable_metadata};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::common::kafka::{brokers, committed, fresh_topics, unique};
+
+fn consumer(group: &str) -> StreamConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "10000")
+        .create()
+        .expect("creating a consumer")
+}
+
+/// Sends `offset` for partition 0 of `topic` in one committed transaction
+/// with the metadata of `by`.
+async fn commit_in_a_transaction(topic: &str, by: &StreamConsumer, offset: i64) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", unique("fence-tx"))
+        .create()
+        .expect("creating a transactional producer");
+    let metadata = by.group_metadata().expect("a group consumer has metadata");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Offset(offset))
+        .expect("offset");
+    tokio::task::spawn_blocking(move || {
+        let t = Duration::from_secs(30);
+        producer.init_transactions(t).expect("init_transactions");
+        producer.begin_transaction().expect("begin_transaction");
+        producer
+            .send_offsets_to_transaction(&list, &metadata, t)
+            .expect("the broker takes the offsets");
+        producer.commit_transaction(t).expect("commit_transaction");
+    })
+    .await
+    .expect("transaction task");
+}
+
+#[tokio::test]
+async fn offsets_go_only_with_a_live_membership() {
+    let topics = fresh_topics("fence", 1).await;
+    let group = topics.group.clone();
+
+    // A live member that owns the partition.
+    let live = consumer(&group);
+    live.subscribe(&[&topics.input]).expect("subscribe");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !current(&live).is_some_and(|m| m.fences())
+        || live.assignment().map(|a| a.count()).unwrap_or(0) == 0
+    {
+        assert!(Instant::now() < deadline, "the live member joins in 60 s");
+        let _ = tokio::time::timeout(Duration::from_millis(200), live.recv()).await;
+    }
+
+    // A consumer of the same group that holds no membership: the sentinel
+    // a lost membership leaves.
+    let gone = consumer(&group);
+    let m = current(&gone).expect("a group consumer has membership data");
+    assert!(
+        m.id.is_empty() && m.generation < 0,
+        "not joined: the sentinel: {m:?}"
+    );
+
+    // The broker's rule: the sentinel's offsets commit, unfenced, although
+    // the partition's owner is a live member. (If a broker ever fences
+    // them, the guard below is merely redundant.)
+    commit_in_a_transaction(&topics.input, &gone, 7).await;
+    assert_eq!(
+        committed(&group, &topics.input, 1).await.get(&0).copied().flatten(),
+        Some(7),
+        "the broker commits the sentinel's transactional offsets unfenced"
+    );
+
+    // The guard: no metadata for the sentinel; a live member's passes and
+    // its offsets commit, fenced by its generation.
+    let Err(refused) = fenceable_metadata(&gone) else {
+        panic!("the sentinel's metadata must be refused");
+    };
+    assert!(refused.contains("not a live group member"), "{refused}");
+    fenceable_metadata(&live).expect("a live member's metadata");
+    commit_in_a_transaction(&topics.input, &live, 9).await;
+    assert_eq!(
+        committed(&group, &topics.input, 1).await.get(&0).copied().flatten(),
+        Some(9)
+    );
+}
