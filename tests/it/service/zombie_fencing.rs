@@ -81,7 +81,11 @@ async fn offsets_go_only_with_a_live_membership() {
     // them, the guard below is merely redundant.)
     commit_in_a_transaction(&topics.input, &gone, 7).await;
     assert_eq!(
-        committed(&group, &topics.input, 1).await.get(&0).copied().flatten(),
+        committed(&group, &topics.input, 1)
+            .await
+            .get(&0)
+            .copied()
+            .flatten(),
         Some(7),
         "the broker commits the sentinel's transactional offsets unfenced"
     );
@@ -95,7 +99,11 @@ async fn offsets_go_only_with_a_live_membership() {
     fenceable_metadata(&live).expect("a live member's metadata");
     commit_in_a_transaction(&topics.input, &live, 9).await;
     assert_eq!(
-        committed(&group, &topics.input, 1).await.get(&0).copied().flatten(),
+        committed(&group, &topics.input, 1)
+            .await
+            .get(&0)
+            .copied()
+            .flatten(),
         Some(9)
     );
 }
