@@ -4,8 +4,9 @@
 //! `pipeline.drain_timeout_secs` plus [`SHUTDOWN_BOUND`] whatever is down
 //! (a broker outage, Redis down or frozen): a step that does not finish in
 //! its time is abandoned and named; what it left uncommitted is redone by
-//! the next owner of the partitions. Leaving the group is the one step cut
-//! short with a warning only: it leaves nothing uncommitted.
+//! the next owner of the partitions. Leaving the group and closing the
+//! Redis pool are the two steps cut short with a warning only: they leave
+//! nothing uncommitted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,11 +152,18 @@ pub(super) async fn wind_down(h: Held, settings: &Settings) -> Vec<&'static str>
              or the broker gone); the group reassigns the partitions after session.timeout.ms"
         );
     }
+    // Not unfinished work either: every step that commits is behind us. A
+    // pool reconnecting to a Redis that is cut off can take longer to quit
+    // than its time (the chaos suite's every-fault run once met it): the
+    // process exits anyway, which closes the connections.
     if tokio::time::timeout_at(step(2), ledger.quit())
         .await
         .is_err()
     {
-        abandon(&mut abandoned, "closing the Redis pool");
+        tracing::warn!(
+            "shutdown: closing the Redis pool did not finish in time (Redis unreachable or \
+             reconnecting); its connections close with the process"
+        );
     }
     abandoned
 }
