@@ -51,6 +51,11 @@ async fn commit_in_a_transaction(topic: &str, by: &StreamConsumer, offset: i64) 
     .expect("transaction task");
 }
 
+/// The group's committed offset of partition 0 of `topic`.
+async fn committed_offset(group: &str, topic: &str) -> Option<i64> {
+    committed(group, topic, 1).await.get(&0).copied().flatten()
+}
+
 #[tokio::test]
 async fn offsets_go_only_with_a_live_membership() {
     let topics = fresh_topics("fence", 1).await;
@@ -81,11 +86,7 @@ async fn offsets_go_only_with_a_live_membership() {
     // them, the guard below is merely redundant.)
     commit_in_a_transaction(&topics.input, &gone, 7).await;
     assert_eq!(
-        committed(&group, &topics.input, 1)
-            .await
-            .get(&0)
-            .copied()
-            .flatten(),
+        committed_offset(&group, &topics.input).await,
         Some(7),
         "the broker commits the sentinel's transactional offsets unfenced"
     );
@@ -98,12 +99,5 @@ async fn offsets_go_only_with_a_live_membership() {
     assert!(refused.contains("not a live group member"), "{refused}");
     fenceable_metadata(&live).expect("a live member's metadata");
     commit_in_a_transaction(&topics.input, &live, 9).await;
-    assert_eq!(
-        committed(&group, &topics.input, 1)
-            .await
-            .get(&0)
-            .copied()
-            .flatten(),
-        Some(9)
-    );
+    assert_eq!(committed_offset(&group, &topics.input).await, Some(9));
 }
