@@ -21,6 +21,9 @@ pub const ASSIGNED: &str = "deductor_assigned_partitions";
 pub const IN_FLIGHT: &str = "deductor_in_flight_events";
 pub const LAG: &str = "deductor_consumer_lag";
 pub const PREFETCH: &str = "deductor_prefetch_bytes";
+pub const PREFETCH_WAITING: &str = "deductor_prefetch_waiting_partitions";
+pub const PREFETCH_PAUSES: &str = "deductor_prefetch_pauses_total";
+pub const PREFETCH_DROPPED: &str = "deductor_prefetch_dropped_bytes_total";
 pub const EVENT_DURATION: &str = "deductor_event_duration_seconds";
 pub const END_TO_END: &str = "deductor_end_to_end_latency_seconds";
 pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_total";
@@ -89,6 +92,18 @@ pub fn describe() {
     describe_gauge!(
         PREFETCH,
         "Bytes read ahead in librdkafka's queues of the partitions held (statistics), against kafka.prefetch_budget_kib."
+    );
+    describe_gauge!(
+        PREFETCH_WAITING,
+        "Partitions held but paused, waiting for their fetch turn within kafka.prefetch_budget_kib."
+    );
+    describe_counter!(
+        PREFETCH_PAUSES,
+        "Partitions paused to keep the partitions fetched at once within kafka.prefetch_budget_kib."
+    );
+    describe_counter!(
+        PREFETCH_DROPPED,
+        "Bytes read ahead that those pauses dropped from librdkafka's queues (fetched again on resume)."
     );
     describe_histogram!(
         EVENT_DURATION,
@@ -258,6 +273,12 @@ pub fn consumer_lag(partition: i32, lag: i64) {
 
 pub fn prefetch_bytes(bytes: u64) {
     gauge!(PREFETCH).set(bytes as f64);
+}
+
+pub fn fetch_turns(paused: usize, dropped: u64, waiting: usize) {
+    counter!(PREFETCH_PAUSES).increment(paused as u64);
+    counter!(PREFETCH_DROPPED).increment(dropped);
+    gauge!(PREFETCH_WAITING).set(waiting as f64);
 }
 
 /// A partition revoked from this instance reads 0 from then on (until it is

@@ -6,7 +6,7 @@
 //! them, and queue a note for the pipeline, which retires those partitions'
 //! lanes before it handles the next message.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +54,19 @@ pub struct Context {
     /// partitions held than the budget was shared among.
     warned_over: AtomicBool,
     warned_grown: AtomicBool,
+    /// The latest statistics of the partitions held, for the pipeline's
+    /// fetch turns (`pipeline::fetch_turns`); taken with [`Context::take_queues`].
+    queues: Mutex<Option<BTreeMap<i32, QueueSample>>>,
+}
+
+/// One held partition's librdkafka queue in a statistics report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSample {
+    /// Bytes in its queue (`fetchq_size`).
+    pub queued: u64,
+    /// More records on the broker than fetched (`hi_offset` beyond
+    /// `next_offset`); `None` while either is not known.
+    pub behind: Option<bool>,
 }
 
 /// `kafka.prefetch_budget_kib` and the partitions it was shared among.
@@ -123,6 +136,7 @@ impl Context {
             prefetch,
             warned_over: AtomicBool::new(false),
             warned_grown: AtomicBool::new(false),
+            queues: Mutex::new(None),
             topic: topic.to_owned(),
             txn,
             offsets,
@@ -137,6 +151,11 @@ impl Context {
     /// Rebalance notes since the last call, oldest first.
     pub fn take_notes(&self) -> Vec<Assignment> {
         std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The latest statistics report of the held partitions' queues, once.
+    pub fn take_queues(&self) -> Option<BTreeMap<i32, QueueSample>> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Resolves once a note was added since the last time it resolved.
@@ -197,17 +216,29 @@ impl ClientContext for Context {
         if let Some(topic) = stats.topics.get(&self.topic) {
             let assigned = self.assigned();
             let mut queued: u64 = 0;
+            let mut samples = BTreeMap::new();
             for (id, p) in &topic.partitions {
                 if assigned.contains(id) {
                     if p.consumer_lag >= 0 {
                         metrics::consumer_lag(*id, p.consumer_lag);
                     }
                     queued = queued.saturating_add(p.fetchq_size);
+                    let behind = (p.hi_offset >= 0 && p.next_offset >= 0)
+                        .then_some(p.hi_offset > p.next_offset);
+                    samples.insert(
+                        *id,
+                        QueueSample {
+                            queued: p.fetchq_size,
+                            behind,
+                        },
+                    );
                 }
             }
             drop(assigned);
             metrics::prefetch_bytes(queued);
             self.over_budget(queued);
+            *self.queues.lock().unwrap_or_else(|p| p.into_inner()) = Some(samples);
+            self.noted.notify_one();
         }
     }
 
@@ -313,7 +344,7 @@ pub fn consumer_config(k: &KafkaSettings, partitions: Option<usize>) -> ClientCo
         )
         .set("fetch.min.bytes", "65536")
         .set("fetch.wait.max.ms", "10")
-        .set("statistics.interval.ms", "5000");
+        .set("statistics.interval.ms", "1000");
     for (key, value) in &k.consumer {
         c.set(key, value);
     }

@@ -38,6 +38,7 @@ pub use crate::ops::health::Status;
 
 mod boundary_watch;
 mod drained;
+mod fetch_turns;
 mod lane;
 mod routing;
 mod steps;
@@ -245,6 +246,13 @@ pub async fn run_with_ledger(
         by_partition: HashMap::new(),
         retiring: HashMap::new(),
         queues,
+        turns: fetch_turns::FetchTurns::new(
+            settings.kafka.prefetch_budget_kib.saturating_mul(1024),
+            {
+                let share = group::prefetch_share(settings.kafka.prefetch_budget_kib, partitions);
+                (share.queued_kib + share.fetch_kib) * 1024
+            },
+        ),
         pulls: FuturesUnordered::new(),
         spawner: Spawner {
             processor,
@@ -380,7 +388,10 @@ pub async fn run_with_ledger(
                         })
                     };
                     // Twice in a row (see `drained`).
-                    drained_checks = if drained(&consumer, &offsets, topic, idle) {
+                    // A partition paused for its turn has a stale high
+                    // watermark: never drained while one waits.
+                    let waiting = lanes.turns.paused() > 0;
+                    drained_checks = if !waiting && drained(&consumer, &offsets, topic, idle) {
                         drained_checks + 1
                     } else {
                         0
@@ -393,7 +404,7 @@ pub async fn run_with_ledger(
             }
             _ = stash_tick.tick(), if stashed => {
                 for (p, lane) in lanes.by_partition.iter_mut() {
-                    flush_stash(&consumer, topic, *p, lane);
+                    flush_stash(&consumer, topic, *p, lane, lanes.turns.is_paused(*p));
                 }
             }
             // Polled on every turn, ahead of the pulls: it serves rebalances

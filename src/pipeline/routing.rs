@@ -17,6 +17,7 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::fetch_turns::{FetchTurns, Plan};
 use super::lane::{LaneHandle, Spawner};
 use crate::error::Disposition;
 use crate::kafka::consumer::{self as group, Assignment, GroupConsumer};
@@ -154,6 +155,9 @@ pub(super) struct Lanes {
     /// Revoked lanes still finishing their in-flight events.
     pub(super) retiring: HashMap<i32, JoinHandle<()>>,
     pub(super) queues: HashMap<i32, Arc<PartitionQueue>>,
+    /// Which of the partitions with their own queue fetch now, within
+    /// `kafka.prefetch_budget_kib`.
+    pub(super) turns: FetchTurns,
     pub(super) pulls: FuturesUnordered<BoxFuture<'static, Pulled>>,
     pub(super) spawner: Spawner,
 }
@@ -183,6 +187,7 @@ impl Lanes {
         for note in consumer.context().take_notes() {
             match note {
                 Assignment::Revoked(parts) => {
+                    self.turns.revoked(&parts);
                     for p in parts {
                         if let Some(lane) = self.by_partition.remove(&p) {
                             // Also resolves the lane's pull without taking
@@ -209,12 +214,26 @@ impl Lanes {
                             self.get_or_spawn(*p);
                         }
                     }
+                    // Partitions read through the main queue are paused
+                    // and resumed by their lanes' stash instead.
+                    let own: Vec<i32> = parts
+                        .iter()
+                        .copied()
+                        .filter(|p| self.queues.contains_key(p))
+                        .collect();
+                    let plan = self.turns.assigned(&own);
+                    apply_turns(consumer, topic, &plan, self.turns.paused());
                     status.assigned.store(parts.len(), Ordering::Relaxed);
                     metrics::assigned(parts.len());
                 }
             }
         }
         self.retiring.retain(|_, j| !j.is_finished());
+        if let Some(mut samples) = consumer.context().take_queues() {
+            samples.retain(|p, _| self.queues.contains_key(p));
+            let plan = self.turns.observe(&samples);
+            apply_turns(consumer, topic, &plan, self.turns.paused());
+        }
     }
 
     /// Hands a pulled message to its lane and arms the next pull. A message
@@ -271,6 +290,35 @@ impl Lanes {
         }
         result
     }
+}
+
+/// Pauses and resumes partitions for their fetch turns. A pause drops the
+/// partition's queue; librdkafka fetches again from the position the
+/// pipeline took up to.
+fn apply_turns(consumer: &GroupConsumer, topic: &str, plan: &Plan, paused: usize) {
+    if plan.is_empty() {
+        return;
+    }
+    let list = |parts: &[i32]| {
+        let mut l = TopicPartitionList::new();
+        for p in parts {
+            l.add_partition(topic, *p);
+        }
+        l
+    };
+    if !plan.pause.is_empty() {
+        if let Err(e) = consumer.pause(&list(&plan.pause)) {
+            tracing::warn!(error = %e, partitions = ?plan.pause, "pause for the prefetch budget failed");
+        }
+    }
+    if !plan.resume.is_empty() {
+        if let Err(e) = consumer.resume(&list(&plan.resume)) {
+            tracing::warn!(error = %e, partitions = ?plan.resume, "resume for the prefetch budget failed");
+        }
+    }
+    metrics::fetch_turns(plan.pause.len(), plan.dropped, paused);
+    tracing::debug!(paused = ?plan.pause, resumed = ?plan.resume, dropped = plan.dropped, waiting = paused,
+        "fetch turns within kafka.prefetch_budget_kib");
 }
 
 /// A consumer error: logged and counted; `Some` when the service cannot go on.
@@ -362,7 +410,15 @@ pub(super) fn dispatch(
     }
 }
 
-pub(super) fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &mut LaneHandle) {
+/// Hands the stash on; once it is empty the partition is resumed, unless it
+/// waits for its fetch turn (`turn_paused`), which resumes it in turn.
+pub(super) fn flush_stash(
+    consumer: &GroupConsumer,
+    topic: &str,
+    p: i32,
+    lane: &mut LaneHandle,
+    turn_paused: bool,
+) {
     if lane.stash.is_empty() {
         return;
     }
@@ -378,6 +434,9 @@ pub(super) fn flush_stash(consumer: &GroupConsumer, topic: &str, p: i32, lane: &
                 return;
             }
         }
+    }
+    if turn_paused {
+        return;
     }
     if let Err(e) = consumer.resume(&partition_list(topic, p)) {
         tracing::warn!(error = %e, partition = p, "resume failed");

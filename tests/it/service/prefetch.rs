@@ -7,6 +7,13 @@
 //! read ahead than the budget plus one small producer batch per partition.
 //! With today's fixed bounds (1 MiB per partition) the whole backlog was
 //! read ahead.
+//!
+//! The second test is the floor that per-partition bounds cannot hold: a
+//! broker returns a partition's first batch whole, so with producers that
+//! write 1 MB batches every partition fetched holds one. Fetch turns pause
+//! the partitions the budget does not cover and rotate them in: the
+//! read-ahead stays within the budget plus one batch, and every event still
+//! gets exactly one outcome.
 
 use std::time::{Duration, Instant};
 
@@ -118,5 +125,135 @@ async fn the_prefetch_stays_within_one_budget_over_all_partitions() {
         max <= bound,
         "the prefetch reached {max} B, over the budget of {BUDGET_KIB} KiB plus one {BATCH_BYTES}-byte \
          batch per partition ({bound} B); samples: {seen:?}"
+    );
+}
+
+fn metric(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+const TURN_PARTITIONS: i32 = 16;
+const TURN_EVENTS: usize = 24_000;
+const TURN_BUDGET_KIB: u64 = 2048;
+/// librdkafka's largest `batch.size`, and a broker's default
+/// `message.max.bytes`: the largest batch a partition can be handed.
+const LARGE_BATCH: u64 = 1_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_producer_batches_take_fetch_turns_within_the_budget() {
+    let f = Fixture::new("prefetch-turns", TURN_PARTITIONS).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka::brokers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "1000")
+        .set("batch.size", LARGE_BATCH.to_string())
+        .set("message.timeout.ms", "120000")
+        .create()
+        .expect("creating a Kafka producer");
+    let records: Vec<Raw> = (0..TURN_EVENTS)
+        .map(|i| {
+            let payload = serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-pt-{i}"),
+                "order_id": format!("o-pt-{i}"), "customer_id": format!("c-{}", i % 977),
+                "occurred_at": "2026-11-29T10:00:00Z",
+                "lines": [{"promotion_id": "pt-none", "budget": 100, "stock": 1}],
+                "note": "x".repeat(700)});
+            Raw {
+                key: Some(format!("o-pt-{i}").into_bytes()),
+                payload: Some(payload.to_string().into_bytes()),
+                ..Raw::default()
+            }
+        })
+        .collect();
+    let backlog: u64 = records
+        .iter()
+        .map(|r| r.payload.as_ref().map_or(0, Vec::len) as u64)
+        .sum();
+    kafka::produce_raw_with(&producer, &f.topics.input, &records).await;
+
+    let addr = service::free_local_addr();
+    let budget = TURN_BUDGET_KIB.to_string();
+    let mut env = f.env(&[
+        ("http.listen", addr.as_str()),
+        ("kafka.prefetch_budget_kib", budget.as_str()),
+        ("pipeline.max_in_flight", "8"),
+        ("pipeline.max_in_flight_per_partition", "8"),
+    ]);
+    env.push((
+        "RUST_LOG".into(),
+        "info,deductor::pipeline::routing=debug".into(),
+    ));
+    let mut child = service::spawn(&env, &["run"]);
+    let ends = kafka::end_offsets(&f.topics.input).await;
+    let (mut prefetched, mut waiting, mut pauses, mut dropped) = (Vec::new(), 0.0f64, 0.0, 0.0);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut last_check = Instant::now();
+    loop {
+        if let Some((200, body)) = service::http_get(&addr, "/metrics").await {
+            if let Some(v) = metric(&body, "deductor_prefetch_bytes") {
+                prefetched.push(v);
+            }
+            waiting =
+                waiting.max(metric(&body, "deductor_prefetch_waiting_partitions").unwrap_or(0.0));
+            pauses = metric(&body, "deductor_prefetch_pauses_total").unwrap_or(pauses);
+            dropped = metric(&body, "deductor_prefetch_dropped_bytes_total").unwrap_or(dropped);
+        }
+        if last_check.elapsed() > Duration::from_secs(1) {
+            last_check = Instant::now();
+            child.assert_running();
+            let c = kafka::committed(&f.topics.group, &f.topics.input, TURN_PARTITIONS).await;
+            if ends
+                .iter()
+                .all(|(p, end)| *end == 0 || c.get(p).copied().flatten() == Some(*end))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the backlog was not committed within 240 s: committed {c:?}, ends {ends:?}; log:\n{}",
+                child.log_tail(60)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (outcomes, dead) = service::finish_child(&f, child, Duration::from_secs(30)).await;
+    f.cleanup().await;
+
+    // Every event has exactly one outcome: pausing drops only what
+    // librdkafka fetches again.
+    let by_event = kafka::by_field(&outcomes, "event_id");
+    assert!(dead.is_empty(), "{} dead letters", dead.len());
+    assert_eq!(by_event.len(), TURN_EVENTS, "events with an outcome");
+    assert_eq!(outcomes.len(), TURN_EVENTS, "outcomes");
+
+    let max = prefetched.iter().copied().fold(0.0, f64::max);
+    let budget_bytes = (TURN_BUDGET_KIB * 1024) as f64;
+    let bound = budget_bytes + LARGE_BATCH as f64;
+    eprintln!(
+        "fetch turns: backlog {backlog} B, read-ahead at most {max} B over {} samples, \
+         at most {waiting} partitions waiting, {pauses} pauses dropped {dropped} B ({:.3} of the backlog)",
+        prefetched.len(),
+        dropped / backlog as f64
+    );
+    // Without turns each of the 16 partitions held one batch of about 1 MB.
+    assert!(
+        TURN_PARTITIONS as f64 * LARGE_BATCH as f64 > 4.0 * bound,
+        "the floor this test shows"
+    );
+    assert!(
+        waiting > 0.0 && pauses > 0.0,
+        "the budget never paused a partition"
+    );
+    assert!(
+        max > budget_bytes / 4.0,
+        "the prefetch never filled ({max} B at most): the test proves nothing"
+    );
+    assert!(
+        max <= bound,
+        "the read-ahead reached {max} B, over the budget of {TURN_BUDGET_KIB} KiB plus one batch \
+         ({bound} B); samples: {prefetched:?}"
     );
 }
