@@ -199,7 +199,7 @@ impl FetchTurns {
         // Over the budget (a batch larger than guessed): the partitions
         // with the least queued go first (the least to fetch again).
         while total > self.budget && self.active() > 1 {
-            let Some(p) = self.least_queued(|_| true) else {
+            let Some(p) = self.least_queued() else {
                 break;
             };
             total -= self.pause(p, &mut plan);
@@ -250,10 +250,10 @@ impl FetchTurns {
         plan
     }
 
-    fn least_queued(&self, keep: impl Fn(&Part) -> bool) -> Option<i32> {
+    fn least_queued(&self) -> Option<i32> {
         self.parts
             .iter()
-            .filter(|(_, x)| !x.paused && keep(x))
+            .filter(|(_, x)| !x.paused)
             .min_by_key(|(p, x)| (x.queued, x.since, **p))
             .map(|(p, _)| *p)
     }
@@ -284,8 +284,7 @@ mod tests {
         parts.into_iter().map(|p| (p, s)).collect()
     }
 
-    /// Applies a plan to a simulated librdkafka: paused partitions hold
-    /// nothing, fetched ones hold what `hold` gives.
+    /// The partitions fetched now.
     fn fetched(t: &FetchTurns) -> Vec<i32> {
         t.parts
             .iter()

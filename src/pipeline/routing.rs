@@ -299,20 +299,13 @@ fn apply_turns(consumer: &GroupConsumer, topic: &str, plan: &Plan, paused: usize
     if plan.is_empty() {
         return;
     }
-    let list = |parts: &[i32]| {
-        let mut l = TopicPartitionList::new();
-        for p in parts {
-            l.add_partition(topic, *p);
-        }
-        l
-    };
     if !plan.pause.is_empty() {
-        if let Err(e) = consumer.pause(&list(&plan.pause)) {
+        if let Err(e) = consumer.pause(&partition_list(topic, &plan.pause)) {
             tracing::warn!(error = %e, partitions = ?plan.pause, "pause for the prefetch budget failed");
         }
     }
     if !plan.resume.is_empty() {
-        if let Err(e) = consumer.resume(&list(&plan.resume)) {
+        if let Err(e) = consumer.resume(&partition_list(topic, &plan.resume)) {
             tracing::warn!(error = %e, partitions = ?plan.resume, "resume for the prefetch budget failed");
         }
     }
@@ -375,9 +368,11 @@ fn refused_for_good(refusal: rdkafka::error::KafkaError) -> anyhow::Error {
     ))
 }
 
-pub(super) fn partition_list(topic: &str, p: i32) -> TopicPartitionList {
+pub(super) fn partition_list(topic: &str, parts: &[i32]) -> TopicPartitionList {
     let mut l = TopicPartitionList::new();
-    l.add_partition(topic, p);
+    for p in parts {
+        l.add_partition(topic, *p);
+    }
     l
 }
 
@@ -399,7 +394,7 @@ pub(super) fn dispatch(
         Ok(()) => {}
         Err(mpsc::error::TrySendError::Full(m)) => {
             lane.stash.push_back(m);
-            if let Err(e) = consumer.pause(&partition_list(topic, p)) {
+            if let Err(e) = consumer.pause(&partition_list(topic, &[p])) {
                 tracing::warn!(error = %e, partition = p, "pause failed");
             }
         }
@@ -438,7 +433,7 @@ pub(super) fn flush_stash(
     if turn_paused {
         return;
     }
-    if let Err(e) = consumer.resume(&partition_list(topic, p)) {
+    if let Err(e) = consumer.resume(&partition_list(topic, &[p])) {
         tracing::warn!(error = %e, partition = p, "resume failed");
     }
 }

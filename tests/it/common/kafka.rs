@@ -527,6 +527,13 @@ pub async fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i3
     .unwrap()
 }
 
+/// Whether `committed` (from [`committed`]) has reached `ends` (from
+/// [`end_offsets`]) on every partition that holds records.
+pub fn committed_to(ends: &BTreeMap<i32, i64>, committed: &BTreeMap<i32, Option<i64>>) -> bool {
+    ends.iter()
+        .all(|(p, end)| *end == 0 || committed.get(p).copied().flatten() == Some(*end))
+}
+
 /// Waits until the committed offsets of `group` equal the log end of
 /// `topic` on every partition; returns them.
 pub async fn wait_committed_to_end(
@@ -539,10 +546,7 @@ pub async fn wait_committed_to_end(
     let deadline = Instant::now() + timeout;
     loop {
         let c = committed(group, topic, partitions).await;
-        let reached = ends
-            .iter()
-            .all(|(p, end)| *end == 0 || c.get(p).copied().flatten() == Some(*end));
-        if reached {
+        if committed_to(&ends, &c) {
             return ends;
         }
         assert!(

@@ -29,45 +29,59 @@ const BUDGET_KIB: u64 = 2048;
 /// returns a partition's first batch whole).
 const BATCH_BYTES: u64 = 4096;
 
-fn prefetch(exposition: &str) -> Option<f64> {
+fn metric(exposition: &str, name: &str) -> Option<f64> {
     exposition
         .lines()
-        .find_map(|l| l.strip_prefix("deductor_prefetch_bytes "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// An idempotent producer whose record batches grow to `batch_size`.
+fn batching_producer(linger_ms: &str, batch_size: u64) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", kafka::brokers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", linger_ms)
+        .set("batch.size", batch_size.to_string())
+        .set("message.timeout.ms", "120000")
+        .create()
+        .expect("creating a Kafka producer")
+}
+
+/// `n` placements of the promotion `promotion` that does not exist: each is
+/// decided by a script call (promotion_not_found). `note` pads each event.
+fn placements(tag: &str, promotion: &str, n: usize, note: usize) -> Vec<Raw> {
+    (0..n)
+        .map(|i| {
+            let payload = serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-{tag}-{i}"),
+                "order_id": format!("o-{tag}-{i}"), "customer_id": format!("c-{}", i % 977),
+                "occurred_at": "2026-11-29T10:00:00Z",
+                "lines": [{"promotion_id": promotion, "budget": 100, "stock": 1}],
+                "note": "x".repeat(note)});
+            Raw {
+                key: Some(format!("o-{tag}-{i}").into_bytes()),
+                payload: Some(payload.to_string().into_bytes()),
+                ..Raw::default()
+            }
+        })
+        .collect()
+}
+
+fn payload_bytes(records: &[Raw]) -> u64 {
+    records
+        .iter()
+        .map(|r| r.payload.as_ref().map_or(0, Vec::len) as u64)
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefetch_stays_within_one_budget_over_all_partitions() {
     let f = Fixture::new("prefetch", PARTITIONS).await;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", kafka::brokers())
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("batch.size", BATCH_BYTES.to_string())
-        .set("message.timeout.ms", "120000")
-        .create()
-        .expect("creating a Kafka producer");
-    // Placements of a promotion that does not exist: each is decided by a
-    // script call (promotion_not_found), about 330 bytes each.
-    let records: Vec<Raw> = (0..EVENTS)
-        .map(|i| {
-            let payload = serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-pf-{i}"),
-                "order_id": format!("o-pf-{i}"), "customer_id": format!("c-{}", i % 977),
-                "occurred_at": "2026-11-29T10:00:00Z",
-                "lines": [{"promotion_id": "pf-none", "budget": 100, "stock": 1}],
-                "note": "x".repeat(120)});
-            Raw {
-                key: Some(format!("o-pf-{i}").into_bytes()),
-                payload: Some(payload.to_string().into_bytes()),
-                ..Raw::default()
-            }
-        })
-        .collect();
-    let backlog: usize = records
-        .iter()
-        .map(|r| r.payload.as_ref().map_or(0, Vec::len))
-        .sum();
+    let producer = batching_producer("5", BATCH_BYTES);
+    // About 330 bytes each.
+    let records = placements("pf", "pf-none", EVENTS, 120);
+    let backlog = payload_bytes(&records);
     for chunk in records.chunks(5_000) {
         kafka::produce_raw_with(&producer, &f.topics.input, chunk).await;
     }
@@ -94,7 +108,7 @@ async fn the_prefetch_stays_within_one_budget_over_all_partitions() {
             child.log_tail(30)
         );
         if let Some((200, body)) = service::http_get(&addr, "/metrics").await {
-            if let Some(v) = prefetch(&body) {
+            if let Some(v) = metric(&body, "deductor_prefetch_bytes") {
                 if v > 0.0 {
                     until.get_or_insert_with(|| Instant::now() + Duration::from_secs(15));
                     seen.push(v);
@@ -128,13 +142,6 @@ async fn the_prefetch_stays_within_one_budget_over_all_partitions() {
     );
 }
 
-fn metric(exposition: &str, name: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 const TURN_PARTITIONS: i32 = 16;
 const TURN_EVENTS: usize = 24_000;
 const TURN_BUDGET_KIB: u64 = 2048;
@@ -145,33 +152,9 @@ const LARGE_BATCH: u64 = 1_000_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_producer_batches_take_fetch_turns_within_the_budget() {
     let f = Fixture::new("prefetch-turns", TURN_PARTITIONS).await;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", kafka::brokers())
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "1000")
-        .set("batch.size", LARGE_BATCH.to_string())
-        .set("message.timeout.ms", "120000")
-        .create()
-        .expect("creating a Kafka producer");
-    let records: Vec<Raw> = (0..TURN_EVENTS)
-        .map(|i| {
-            let payload = serde_json::json!({"type": "OrderPlaced", "event_id": format!("e-pt-{i}"),
-                "order_id": format!("o-pt-{i}"), "customer_id": format!("c-{}", i % 977),
-                "occurred_at": "2026-11-29T10:00:00Z",
-                "lines": [{"promotion_id": "pt-none", "budget": 100, "stock": 1}],
-                "note": "x".repeat(700)});
-            Raw {
-                key: Some(format!("o-pt-{i}").into_bytes()),
-                payload: Some(payload.to_string().into_bytes()),
-                ..Raw::default()
-            }
-        })
-        .collect();
-    let backlog: u64 = records
-        .iter()
-        .map(|r| r.payload.as_ref().map_or(0, Vec::len) as u64)
-        .sum();
+    let producer = batching_producer("1000", LARGE_BATCH);
+    let records = placements("pt", "pt-none", TURN_EVENTS, 700);
+    let backlog = payload_bytes(&records);
     kafka::produce_raw_with(&producer, &f.topics.input, &records).await;
 
     let addr = service::free_local_addr();
@@ -205,10 +188,7 @@ async fn large_producer_batches_take_fetch_turns_within_the_budget() {
             last_check = Instant::now();
             child.assert_running();
             let c = kafka::committed(&f.topics.group, &f.topics.input, TURN_PARTITIONS).await;
-            if ends
-                .iter()
-                .all(|(p, end)| *end == 0 || c.get(p).copied().flatten() == Some(*end))
-            {
+            if kafka::committed_to(&ends, &c) {
                 break;
             }
             assert!(
