@@ -20,24 +20,38 @@
 -- absence, or the CORRUPT error it raised, kept per key for the call), every line
 -- decides against an in-script running balance, and each promotion's counters are
 -- written once at the end, after the last line (one HSET of the fields that
--- moved: the counters as read plus the sum of the lines' moves). deduct_one gets two
--- stand-ins for that:
+-- moved: the counters as read plus the sum of the lines' moves). A line's moves
+-- count only when the line replies without an error (a Redis error of a later
+-- write of that line undoes them, as if its HINCRBY had never run: on a separate
+-- call it would have been the first write, refused alike). Each reply's
+-- remaining_budget/remaining_stock is the running value after that line, as if
+-- written. When a line's used, record or memo key is also a promotion key of the
+-- batch (never the case for keys the service builds), the batch runs
+-- uncoalesced, line by line against Redis, through deduct.lua's body.
+--
+-- The fresh line (issue 27: Redis time per line). Most lines of a sale are a new
+-- event of a new order: no memo, no record. Such a line is decided here, by
+-- `fresh`, without deduct.lua's per-call set-up (its argument table, its closures,
+-- its pcall layers): the same checks in the same order (deduct.lua steps 3 to 6),
+-- the same writes, and the same reply, with three reads (memo, record, used) and
+-- the writes of its decision. Every other line (a memo or a record exists, a key
+-- holds another type, corrupt data, a malformed argument, a refused index write)
+-- is handed, before anything of it is written, to deduct.lua's body, run
+-- unchanged as `deduct_one(KEYS, ARGV, read_promotion, redis)` with two
+-- stand-ins for the coalescing:
 --   read_promotion(key)  the cached promotion, whose budget and stock are the running
 --                        balance (or the cached CORRUPT error raised again);
 --   redis                the real `redis`, except that HINCRBY on a promotion key
 --                        of the batch moves the running balance instead of Redis.
--- A line's moves count only when the line replies without an error (a Redis error
--- of a later write of that line undoes them, as if its HINCRBY had never run: on a
--- separate call it would have been the first write, refused alike). Every other
--- read and write (memo, record, used) goes to
--- Redis as before, line by line, so each line still sees what the lines before it
--- wrote. Each reply's remaining_budget/remaining_stock is the running value after
--- that line, as if written. When a line's used, record or memo key is also a
--- promotion key of the batch (never the case for keys the service builds), the
--- batch runs uncoalesced, line by line against Redis. A promotion with one line in
--- the batch has nothing to share: that line runs as deduct.lua does (its own read,
--- its own HINCRBY), which keeps a batch spread over many promotions as cheap as
--- before.
+-- Every other read and write (memo, record, used) goes to Redis as before, line
+-- by line, so each line still sees what the lines before it wrote.
+--
+-- The day index (KEYS[5i+5], a standalone server). The first fresh line of the
+-- batch that adds to an index key adds its order id at once, as its first write,
+-- and raises the set's TTL (lib.lua's rule); the later fresh lines of the same
+-- key only note their order ids, added by one SADD after the last line (the set
+-- is known to be a set by then, and a TTL raised again within one call would be
+-- the same). A line handed to deduct.lua's body indexes its record itself.
 --
 -- Loaded as lua/lib.lua, then `local function deduct_one(KEYS, ARGV, read_promotion,
 -- redis)` around lua/deduct.lua, then this file (src/ledger/scripts.rs).
@@ -97,36 +111,147 @@ local function cached_promotion(key)
   return c.promo
 end
 
+-- Moves the running balance of a cached promotion by `by` (a line's deduction);
+-- remembered as the line's move. Returns the new balance, as HINCRBY would.
+local function move(key, field, by)
+  local p = cache[key].promo
+  line_moves[nmoves + 1], line_moves[nmoves + 2], line_moves[nmoves + 3] = key, field, p[field]
+  line_moves[nmoves + 4] = tonumber(by)
+  nmoves = nmoves + 4
+  p[field] = p[field] + tonumber(by)
+  return p[field]
+end
+
 local batch_redis = setmetatable({
   call = function(cmd, key, ...)
     if cmd == 'HINCRBY' then
       local c = cache[key]
       if c and c.promo then
         local field, by = ...
-        local p = c.promo
-        line_moves[nmoves + 1], line_moves[nmoves + 2], line_moves[nmoves + 3] = key, field, p[field]
-        line_moves[nmoves + 4] = tonumber(by)
-        nmoves = nmoves + 4
-        p[field] = p[field] + tonumber(by)
-        return p[field]
+        return move(key, field, by)
       end
     end
     return redis.call(cmd, key, ...)
   end,
 }, { __index = redis })
 
+-- index key -> the order ids of the later fresh lines, added after the last line
+local index_pending, index_keys = {}, {}
+
+-- Argument texts already found canonical in this call: a batch repeats its TTLs,
+-- amounts and times on every line.
+local ok_num = {}
+local function num(v)
+  if ok_num[v] then return true end
+  if canonical(v) then
+    ok_num[v] = true
+    return true
+  end
+  return false
+end
+
+-- Whether line i's arguments (ARGV[ab+1 .. ab+na]) pass deduct.lua's checks; the
+-- line that does not is handed to deduct.lua, which names the first bad one.
+local ID = '[A-Za-z0-9_.-]+' -- lib.lua's event_id, without the length
+local IDS2, IDS3 = '^' .. ID .. ' ' .. ID .. '$', '^' .. ID .. ' ' .. ID .. ' ' .. ID .. '$'
+local function valid_args(ab)
+  local t, e, c = ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 7]
+  if not (num(ARGV[ab + 1]) and num(ARGV[ab + 2]) and (ok_num[t] or signed(t))
+      and ARGV[ab + 5] ~= '0' and num(ARGV[ab + 5]) and ARGV[ab + 6] ~= '0' and num(ARGV[ab + 6])) then
+    return false
+  end
+  -- The ids (event, customer, order: new on most lines) in one match.
+  if #e < 1 or #e > 64 or #c < 1 or #c > 64 then return false end
+  if na == 7 then return find(e .. ' ' .. c, IDS2) ~= nil end
+  local o = ARGV[ab + 8]
+  return #o >= 1 and #o <= 64 and find(e .. ' ' .. c .. ' ' .. o, IDS3) ~= nil
+    and ARGV[ab + 9] ~= '0' and num(ARGV[ab + 9])
+end
+
+-- A fresh line (keys KEYS[kb+1 ..], arguments ARGV[ab+1 ..]) decided as deduct.lua
+-- steps 3 to 6 decide it: its reply, or nil when it is not a fresh line (nothing
+-- of it written; deduct.lua's body decides it).
+local function fresh(kb, ab)
+  if not valid_args(ab) then return nil end
+  local k_promo, k_used, k_record, k_memo = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4]
+  local event = ARGV[ab + 4]
+  if redis.pcall('GET', k_memo) ~= false then return nil end
+  if redis.pcall('GET', k_record) ~= false then return nil end
+  local c = cache[k_promo] or entry(k_promo)
+  if c.err then return nil end
+  local used = redis.pcall('GET', k_used)
+  if used == false then
+    used = 0
+  elseif canonical(used) then
+    used = tonumber(used)
+  else
+    return nil -- another type, or not a canonical count: corrupt
+  end
+  local promo = c.promo
+  local b, s, t = tonumber(ARGV[ab + 1]), tonumber(ARGV[ab + 2]), tonumber(ARGV[ab + 3])
+  local reason
+  if not promo then
+    reason = 'promotion_not_found'
+  elseif promo.status == 'paused' or (promo.starts_at and t < promo.starts_at)
+    or (promo.ends_at and t >= promo.ends_at) then
+    reason = 'promotion_inactive'
+  elseif promo.budget and promo.budget < b then
+    reason = 'budget_exceeded'
+  elseif promo.stock and promo.stock < s then
+    reason = 'stock_insufficient'
+  elseif promo.per_customer and used >= promo.per_customer then
+    reason = 'user_limit_reached'
+  end
+  if reason then
+    redis.call('SET', k_memo, reason, 'EX', ARGV[ab + 6])
+    if not promo then return { 'rejected', reason, 0, 0, 0, -1, -1 } end
+    return { 'rejected', reason, 0, 0, 0, promo.budget or -1, promo.stock or -1 }
+  end
+  if nk == 5 then
+    local k_index = KEYS[kb + 5]
+    local pending = index_pending[k_index]
+    if pending then
+      pending[#pending + 1] = ARGV[ab + 8]
+    else
+      -- Another type (corrupt) or a refusal (OOM, NOPERM): nothing written yet,
+      -- deduct.lua's body meets it again and answers as it does.
+      local r = redis.pcall('SADD', k_index, ARGV[ab + 8])
+      if type(r) == 'table' then return nil end
+      local ttl = ARGV[ab + 9]
+      if redis.call('EXPIRE', k_index, ttl, 'GT') == 0 then redis.call('EXPIRE', k_index, ttl, 'NX') end
+      index_pending[k_index] = {}
+      index_keys[#index_keys + 1] = k_index
+    end
+  end
+  local record_ttl, counted = ARGV[ab + 5], '0'
+  if promo.per_customer then
+    redis.call('SET', k_used, int(used + 1), 'EX', record_ttl)
+    counted = '1'
+  end
+  redis.call('SET', k_record, new_record_value(event, ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 7], counted,
+    promo.gen), 'EX', record_ttl)
+  if promo.budget then move(k_promo, 'budget', -b) end
+  if promo.stock then move(k_promo, 'stock', -s) end
+  return { 'accepted', '', 0, b, s, promo.budget or -1, promo.stock or -1 }
+end
+
 local out = {}
 for i = 0, n - 1 do
-  local keys = {}
-  for j = 1, nk do keys[j] = KEYS[nk * i + j] end
-  local args = {}
-  for j = 1, na do args[j] = ARGV[1 + na * i + j] end
   nmoves = 0
-  local ok, r
-  if coalesce and lines_of[keys[1]] > 1 then
-    ok, r = pcall(deduct_one, keys, args, cached_promotion, batch_redis)
-  else
-    ok, r = pcall(deduct_one, keys, args, read_promotion, redis)
+  local ok, r = true, nil
+  -- A Redis error raised in `fresh` (a refused write) is the line's error, as
+  -- deduct.lua's would be; nil hands the line to deduct.lua's body.
+  if coalesce then ok, r = pcall(fresh, nk * i, 1 + na * i) end
+  if ok and r == nil then
+    local keys = {}
+    for j = 1, nk do keys[j] = KEYS[nk * i + j] end
+    local args = {}
+    for j = 1, na do args[j] = ARGV[1 + na * i + j] end
+    if coalesce then
+      ok, r = pcall(deduct_one, keys, args, cached_promotion, batch_redis)
+    else
+      ok, r = pcall(deduct_one, keys, args, read_promotion, redis)
+    end
   end
   if not ok then
     r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) }
@@ -147,6 +272,12 @@ for i = 0, n - 1 do
   else
     out[i + 1] = r
   end
+end
+
+-- The order ids of the later fresh lines of each day index, in one SADD a key.
+for _, key in ipairs(index_keys) do
+  local pending = index_pending[key]
+  if #pending > 0 then redis.call('SADD', key, unpack(pending)) end
 end
 
 -- The counters each promotion ends with, written once.

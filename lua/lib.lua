@@ -28,8 +28,9 @@ local function corrupt(key, field, value) fail('CORRUPT ' .. key .. ' ' .. field
 -- A canonical non-negative integer string: no sign, no leading zero, no
 -- exponent, no blanks, at most MAX_DIGITS digits (never Lua's tonumber, which
 -- takes "0x10", "1e3", " 5 ", "nan" and "inf").
+local find = string.find -- (a local: each call of a script's hot path saves two table reads)
 local function canonical(s)
-  return type(s) == 'string' and #s <= MAX_DIGITS and (s == '0' or string.find(s, '^[1-9][0-9]*$') ~= nil)
+  return type(s) == 'string' and #s <= MAX_DIGITS and (s == '0' or find(s, '^[1-9][0-9]*$') ~= nil)
 end
 
 -- A canonical integer that may carry a leading '-' (never "-0").
@@ -44,7 +45,7 @@ end
 
 -- An event id as CONTRACT.md section 1 allows it.
 local function event_id(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 64 and string.find(s, '^[A-Za-z0-9_.-]+$') ~= nil
+  return type(s) == 'string' and #s >= 1 and #s <= 64 and find(s, '^[A-Za-z0-9_.-]+$') ~= nil
 end
 
 local function wrong_type(key, reply)
@@ -82,22 +83,35 @@ local function num_field(h, key, field)
   return tonumber(v)
 end
 
--- promo:{P}: nil when absent; unknown fields are ignored.
+-- The numeric fields of a promotion hash, in the order read_promotion checks them.
+local PROMOTION_NUMBERS = { 'budget', 'stock', 'per_customer', 'starts_at', 'ends_at', 'initial_budget',
+  'initial_stock' }
+local IS_PROMOTION_NUMBER = {}
+for _, f in ipairs(PROMOTION_NUMBERS) do IS_PROMOTION_NUMBER[f] = true end
+
+-- promo:{P}: nil when absent; unknown fields are ignored. (read_hash and
+-- num_field written out: this runs for every line of a batch spread over many
+-- promotions. The table is made at its full size, the numbers checked in the
+-- order above, so the first corrupt one is the one named.)
 local function read_promotion(key)
-  local h = read_hash(key)
-  if not h then return nil end
-  local p = {
-    budget = num_field(h, key, 'budget'),
-    stock = num_field(h, key, 'stock'),
-    per_customer = num_field(h, key, 'per_customer'),
-    starts_at = num_field(h, key, 'starts_at'),
-    ends_at = num_field(h, key, 'ends_at'),
-    initial_budget = num_field(h, key, 'initial_budget'),
-    initial_stock = num_field(h, key, 'initial_stock'),
-    status = h.status or 'active',
-    -- The incarnation (promo_set.lua); kept as the stored string, nil when absent.
-    gen = h.gen,
-  }
+  local r = redis.pcall('HGETALL', key)
+  wrong_type(key, r)
+  if #r == 0 then return nil end
+  local p = { budget = nil, stock = nil, per_customer = nil, starts_at = nil, ends_at = nil,
+    initial_budget = nil, initial_stock = nil, status = 'active', gen = nil }
+  for i = 1, #r, 2 do
+    local f = r[i]
+    if IS_PROMOTION_NUMBER[f] or f == 'status' or f == 'gen' then p[f] = r[i + 1] end
+  end
+  for i = 1, 7 do
+    local field = PROMOTION_NUMBERS[i]
+    local v = p[field]
+    if v ~= nil then
+      if #v > MAX_DIGITS or (v ~= '0' and find(v, '^[1-9][0-9]*$') == nil) then corrupt(key, field, v) end
+      p[field] = tonumber(v)
+    end
+  end
+  -- The incarnation (promo_set.lua) is kept as the stored string, nil when absent.
   if p.gen ~= nil and not canonical(p.gen) then corrupt(key, 'gen', p.gen) end
   if p.status ~= 'active' and p.status ~= 'paused' then corrupt(key, 'status', p.status) end
   return p

@@ -32,7 +32,17 @@ impl Script {
         let body = if name == "deduct" && crate::mutants::mutant("double-deduct") {
             String::leak(format!("{DOUBLE_DEDUCT}{body}"))
         } else if name == "deduct_batch" && crate::mutants::mutant("double-deduct") {
-            String::leak(body.replace(DEDUCT_ONE, &format!("{DEDUCT_ONE}{DOUBLE_DEDUCT}")))
+            assert!(
+                body.contains(FRESH_MEMO_READ),
+                "double-deduct: deduct_batch.lua changed"
+            );
+            String::leak(
+                body.replace(DEDUCT_ONE, &format!("{DEDUCT_ONE}{DOUBLE_DEDUCT}"))
+                    .replace(
+                        FRESH_MEMO_READ,
+                        &format!("{DOUBLE_DEDUCT_FRESH}{FRESH_MEMO_READ}"),
+                    ),
+            )
         } else {
             body
         };
@@ -72,6 +82,19 @@ impl Script {
 #[cfg(feature = "mutants")]
 const DOUBLE_DEDUCT: &str = "local v = redis.pcall('GET', KEYS[3]) if type(v) == 'string' and \
      string.sub(v, 3, #ARGV[4] + 3) == ARGV[4] .. '|' then redis.call('DEL', KEYS[3]) end\n";
+
+/// The first read of lua/deduct_batch.lua's fresh line (its memo); the
+/// double-deduct mutant goes in front of it.
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const FRESH_MEMO_READ: &str = "  if redis.pcall('GET', k_memo) ~= false then return nil end\n";
+
+/// TEST-ONLY (feature `mutants`): DOUBLE_DEDUCT in the fresh line of
+/// lua/deduct_batch.lua, whose record key and event are `k_record` and
+/// `event`.
+#[cfg(feature = "mutants")]
+const DOUBLE_DEDUCT_FRESH: &str =
+    "  local v = redis.pcall('GET', k_record) if type(v) == 'string' and \
+     string.sub(v, 3, #event + 3) == event .. '|' then redis.call('DEL', k_record) end\n";
 
 /// TEST-ONLY (feature `mutants`): in lua/deduct_batch.lua, the move of the
 /// running balance when a line of a coalesced batch deducts. Without it,
@@ -227,6 +250,7 @@ mod tests {
     fn the_batch_mutants_find_their_text() {
         assert!(DEDUCT_BATCH.body.contains(COALESCE_RUNNING.0));
         assert!(DEDUCT_BATCH.body.contains(DEDUCT_ONE));
+        assert!(DEDUCT_BATCH.body.contains(FRESH_MEMO_READ));
     }
 
     #[test]
