@@ -71,7 +71,7 @@ local function main()
     elseif name == 'event_id' or name == 'customer_id' or name == 'order_id' then
       ok = event_id(ARGV[i])
     else
-      ok = canonical(ARGV[i]) and not (name:find('ttl') and ARGV[i] == '0')
+      ok = canonical(ARGV[i]) and not (ARGV[i] == '0' and name:find('ttl'))
     end
     if not ok then fail('BADARG ' .. name .. ': ' .. show(ARGV[i])) end
   end

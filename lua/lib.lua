@@ -86,8 +86,8 @@ end
 -- The numeric fields of a promotion hash, in the order read_promotion checks them.
 local PROMOTION_NUMBERS = { 'budget', 'stock', 'per_customer', 'starts_at', 'ends_at', 'initial_budget',
   'initial_stock' }
-local IS_PROMOTION_NUMBER = {}
-for _, f in ipairs(PROMOTION_NUMBERS) do IS_PROMOTION_NUMBER[f] = true end
+local IS_PROMOTION_NUMBER = { budget = true, stock = true, per_customer = true, starts_at = true, ends_at = true,
+  initial_budget = true, initial_stock = true }
 
 -- promo:{P}: nil when absent; unknown fields are ignored. (read_hash and
 -- num_field written out: this runs for every line of a batch spread over many

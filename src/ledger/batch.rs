@@ -1,6 +1,7 @@
 //! Batched placement lines (issue 14): the deduct calls of many events go
-//! to Redis as one `deduct_batch.lua` call, which runs deduct.lua's body for
-//! each line in turn. Batches form from whatever is ready: a call waits only
+//! to Redis as one `deduct_batch.lua` call, which decides each line in turn
+//! as deduct.lua would (a fresh line by its own code, any other by
+//! deduct.lua's body). Batches form from whatever is ready: a call waits only
 //! while every batch slot (one per pooled connection) is in flight, so at low
 //! load a batch is one line and no latency is added, and under load one
 //! script call, one round trip and one reply carry up to

@@ -139,8 +139,10 @@ macro_rules! with_lib {
 
 pub static DEDUCT: LazyLock<Script> = with_lib!("deduct");
 /// deduct.lua's body, unchanged, as `deduct_one(KEYS, ARGV, read_promotion,
-/// redis)`, called for each line of a batch by lua/deduct_batch.lua, which
-/// coalesces the lines' promotion reads and writes (issue 27 item 1).
+/// redis)`, called by lua/deduct_batch.lua for each line of a batch that is
+/// not fresh (a fresh line, no memo and no record, the batch decides with
+/// its own code), which coalesces the lines' promotion reads and writes
+/// (issue 27 item 1).
 pub static DEDUCT_BATCH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "deduct_batch",
