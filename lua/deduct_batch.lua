@@ -65,17 +65,14 @@ if n == nil or n < 1 or n ~= math.floor(n) or #KEYS ~= nk * n or #ARGV ~= 1 + na
     .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 
--- The promotion keys of the batch and how many lines each has; coalesced only when
--- no other key of a line is one of them.
-local lines_of = {}
-for i = 0, n - 1 do
-  local key = KEYS[nk * i + 1]
-  lines_of[key] = (lines_of[key] or 0) + 1
-end
+-- The promotion keys of the batch; coalesced only when no other key of a line is
+-- one of them.
+local is_promotion = {}
+for i = 0, n - 1 do is_promotion[KEYS[nk * i + 1]] = true end
 local coalesce = true
 for i = 0, n - 1 do
   for j = 2, nk do
-    if lines_of[KEYS[nk * i + j]] then coalesce = false end
+    if is_promotion[KEYS[nk * i + j]] then coalesce = false end
   end
 end
 
@@ -152,8 +149,8 @@ end
 
 -- Whether line i's arguments (ARGV[ab+1 .. ab+na]) pass deduct.lua's checks; the
 -- line that does not is handed to deduct.lua, which names the first bad one.
-local ID = '[A-Za-z0-9_.-]+' -- lib.lua's event_id, without the length
-local IDS2, IDS3 = '^' .. ID .. ' ' .. ID .. '$', '^' .. ID .. ' ' .. ID .. ' ' .. ID .. '$'
+local IDS2 = '^' .. ID_RUN .. ' ' .. ID_RUN .. '$'
+local IDS3 = '^' .. ID_RUN .. ' ' .. ID_RUN .. ' ' .. ID_RUN .. '$'
 local function valid_args(ab)
   local t, e, c = ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 7]
   if not (num(ARGV[ab + 1]) and num(ARGV[ab + 2]) and (ok_num[t] or signed(t))
@@ -217,8 +214,7 @@ local function fresh(kb, ab)
       -- deduct.lua's body meets it again and answers as it does.
       local r = redis.pcall('SADD', k_index, ARGV[ab + 8])
       if type(r) == 'table' then return nil end
-      local ttl = ARGV[ab + 9]
-      if redis.call('EXPIRE', k_index, ttl, 'GT') == 0 then redis.call('EXPIRE', k_index, ttl, 'NX') end
+      raise_index_ttl(k_index, ARGV[ab + 9])
       index_pending[k_index] = {}
       index_keys[#index_keys + 1] = k_index
     end

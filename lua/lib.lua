@@ -43,7 +43,9 @@ local function signed(s)
   return canonical(s)
 end
 
--- An event id as CONTRACT.md section 1 allows it.
+-- An event id as CONTRACT.md section 1 allows it (ID_RUN: its characters,
+-- one or more; deduct_batch.lua matches several ids at once with it).
+local ID_RUN = '[A-Za-z0-9_.-]+'
 local function event_id(s)
   return type(s) == 'string' and #s >= 1 and #s <= 64 and find(s, '^[A-Za-z0-9_.-]+$') ~= nil
 end
@@ -211,10 +213,13 @@ end
 -- outlives every record it names. Called before the record's other writes: a refusal
 -- (OOM, NOPERM) ends the line before anything is written, and an index of another
 -- type is corrupt data, remembered by `guarded` like any other.
+local function raise_index_ttl(key, ttl)
+  if redis.call('EXPIRE', key, ttl, 'GT') == 0 then redis.call('EXPIRE', key, ttl, 'NX') end
+end
 local function index_record(key, order, ttl, guarded)
   if not key then return end
   guarded(function() wrong_type(key, redis.pcall('SADD', key, order)) end)
-  if redis.call('EXPIRE', key, ttl, 'GT') == 0 then redis.call('EXPIRE', key, ttl, 'NX') end
+  raise_index_ttl(key, ttl)
 end
 
 -- promo:{P}:order:{O}: nil when absent. Besides the amounts, a record may hold
