@@ -21,6 +21,9 @@ pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 const MAX_WAIT_REPLICAS: u32 = 16;
 /// `WAIT` blocks its connection (and fred's unresponsive check must outlast it).
 const MAX_WAIT_TIMEOUT_MS: u64 = 60_000;
+/// A batch's first line waits this long at most for others: beyond it the
+/// wait is latency, not batching.
+const MAX_BATCH_LINGER_MS: u64 = 100;
 
 const SECTIONS: [&str; 7] = [
     "kafka", "redis", "pipeline", "retry", "http", "log", "tracing",
@@ -141,6 +144,9 @@ pub struct RedisSettings {
     pub wait_timeout_ms: u64,
     /// Placement lines decided in one script call at most (1 = no batching).
     pub batch_max_lines: usize,
+    /// How long a batch's first line may wait for others to join it once a
+    /// batch slot is free (0 = not at all).
+    pub batch_linger_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

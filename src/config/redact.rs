@@ -87,6 +87,7 @@ impl fmt::Debug for RedisSettings {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
             .field("batch_max_lines", &self.batch_max_lines)
+            .field("batch_linger_ms", &self.batch_linger_ms)
             .finish_non_exhaustive()
     }
 }

@@ -24,6 +24,17 @@ fn defaults_load_and_validate() {
 }
 
 #[test]
+fn the_batch_linger_is_bounded_and_off_by_default() {
+    assert_eq!(load(&[], &[]).unwrap().redis.batch_linger_ms, 0);
+    let s = load(&[], &[("redis.batch_linger_ms", "100")]).unwrap();
+    assert_eq!(s.redis.batch_linger_ms, 100);
+    let e = load(&[], &[("redis.batch_linger_ms", "101")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("0 (send what is ready) to 100"), "{e}");
+}
+
+#[test]
 fn env_overrides_file_and_flags_override_env() {
     let s = load(
         &[
@@ -101,6 +112,7 @@ fn invalid_values_name_key_and_fix() {
         ("pipeline.max_in_flight", "1", "pipeline.max_in_flight"),
         ("http.listen", "nowhere", "http.listen"),
         ("redis.key_prefix", "a{b", "redis.key_prefix"),
+        ("redis.batch_linger_ms", "101", "redis.batch_linger_ms"),
     ] {
         let e = load(&[], &[(key, value)]).unwrap_err().to_string();
         assert!(e.contains(named), "{key}={value}: {e}");

@@ -306,6 +306,13 @@ fn redis(r: &RedisSettings) -> Result<(), ConfigError> {
             "use 1 (no batching) to 512, e.g. 32",
         ));
     }
+    if r.batch_linger_ms > MAX_BATCH_LINGER_MS {
+        return Err(bad(
+            "redis.batch_linger_ms",
+            format!("{} is out of range", r.batch_linger_ms),
+            "use 0 (send what is ready) to 100 milliseconds, e.g. 1",
+        ));
+    }
     if r.pool_size == 0 || r.pool_size > 64 {
         return Err(bad(
             "redis.pool_size",

@@ -1,10 +1,11 @@
 //! Batched placement lines (issue 14): the deduct calls of many events go
 //! to Redis as one `deduct_batch.lua` call, which decides each line in turn
 //! as deduct.lua would (a fresh line by its own code, any other by
-//! deduct.lua's body). Batches form from whatever is ready: a call waits only
-//! while every batch slot (one per pooled connection) is in flight, so at low
-//! load a batch is one line and no latency is added, and under load one
-//! script call, one round trip and one reply carry up to
+//! deduct.lua's body). Batches form from whatever is ready: a call waits
+//! while every batch slot (one per pooled connection) is in flight, and then
+//! at most `redis.batch_linger_ms` more for other lines to join it (0 = not
+//! at all: at low load a batch is one line and no latency is added). Under
+//! load one script call, one round trip and one reply carry up to
 //! `redis.batch_max_lines` lines.
 //!
 //! Only where one script may touch every key (a single Redis or a Sentinel
@@ -16,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::{Pool, Value};
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
 use super::calls::{self, Call};
 use super::{scripts, LedgerError};
@@ -34,10 +37,16 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the batching task; it ends when every handle is dropped.
-    pub(super) fn start(pool: Pool, max_lines: usize, slow: Duration) -> Batcher {
+    /// `linger`: how long a batch's first line may wait for others to join
+    /// it once a slot is free (zero: not at all).
+    pub(super) fn start(pool: Pool, max_lines: usize, linger: Duration, slow: Duration) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(pool.size().max(1)));
-        tokio::spawn(collect(rx, pool, slots, max_lines.max(1), slow));
+        let shape = Shape {
+            max_lines: max_lines.max(1),
+            linger,
+        };
+        tokio::spawn(collect(rx, pool, slots, shape, slow));
         Batcher { tx }
     }
 
@@ -51,11 +60,19 @@ impl Batcher {
     }
 }
 
+/// How a batch forms: its size limit and how long its first line may wait
+/// for more.
+#[derive(Clone, Copy)]
+struct Shape {
+    max_lines: usize,
+    linger: Duration,
+}
+
 async fn collect(
     mut rx: mpsc::UnboundedReceiver<Pending>,
     pool: Pool,
     slots: Arc<Semaphore>,
-    max_lines: usize,
+    shape: Shape,
     slow: Duration,
 ) {
     loop {
@@ -67,19 +84,37 @@ async fn collect(
         let Some(first) = rx.recv().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < max_lines {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
+        let batch = fill(&mut rx, first, shape).await;
         let client = pool.next().clone();
         tokio::spawn(async move {
             send(&client, batch, slow).await;
             drop(slot);
         });
     }
+}
+
+/// The batch led by `first`: every line ready now, then (with a linger)
+/// those arriving until the first line has waited `shape.linger`, up to
+/// `shape.max_lines`. A closed queue ends it early; the loop in [`collect`]
+/// then ends after sending it.
+async fn fill<T>(rx: &mut mpsc::UnboundedReceiver<T>, first: T, shape: Shape) -> Vec<T> {
+    let deadline = (!shape.linger.is_zero()).then(|| Instant::now() + shape.linger);
+    let mut batch = vec![first];
+    while batch.len() < shape.max_lines {
+        let next = match rx.try_recv() {
+            Ok(p) => Some(p),
+            Err(TryRecvError::Disconnected) => None,
+            Err(TryRecvError::Empty) => match deadline {
+                Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
+                None => None,
+            },
+        };
+        match next {
+            Some(p) => batch.push(p),
+            None => break,
+        }
+    }
+    batch
 }
 
 async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duration) {
@@ -144,4 +179,77 @@ fn line(item: Value) -> Result<Value, LedgerError> {
         }
     }
     Ok(item)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(max_lines: usize, linger_ms: u64) -> Shape {
+        Shape {
+            max_lines,
+            linger: Duration::from_millis(linger_ms),
+        }
+    }
+
+    /// Sends `at` (milliseconds after now, on tokio's paused clock) each
+    /// item of `later`, its index as the value (after `ready`'s).
+    fn feed(ready: usize, later: &[u64]) -> mpsc::UnboundedReceiver<usize> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for i in 0..ready {
+            tx.send(i).unwrap();
+        }
+        let later = later.to_vec();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            for (i, at) in later.into_iter().enumerate() {
+                tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+                if tx.send(ready + i).is_err() {
+                    return;
+                }
+            }
+            // Kept open: only the linger may end the batch.
+            std::future::pending::<()>().await;
+        });
+        rx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_linger_a_batch_is_what_is_ready() {
+        let mut rx = feed(3, &[1]);
+        let batch = fill(&mut rx, 100, shape(32, 0)).await;
+        assert_eq!(batch, vec![100, 0, 1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_linger_takes_the_lines_arriving_within_it_and_no_later_ones() {
+        let mut rx = feed(1, &[2, 4, 6]);
+        let start = Instant::now();
+        let batch = fill(&mut rx, 100, shape(32, 5)).await;
+        assert_eq!(batch, vec![100, 0, 1, 2]);
+        // It went out when the first line had waited the linger, not later.
+        assert_eq!(start.elapsed(), Duration::from_millis(5));
+        // The line after the linger leads the next batch.
+        assert_eq!(rx.recv().await, Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_out_without_waiting_the_linger() {
+        let mut rx = feed(1, &[1, 2, 3]);
+        let start = Instant::now();
+        let batch = fill(&mut rx, 100, shape(3, 50)).await;
+        assert_eq!(batch, vec![100, 0, 1]);
+        assert_eq!(start.elapsed(), Duration::from_millis(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_queue_ends_the_linger() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(1).unwrap();
+        drop(tx);
+        let start = Instant::now();
+        let batch = fill(&mut rx, 0, shape(32, 50)).await;
+        assert_eq!(batch, vec![0, 1]);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
 }

@@ -221,6 +221,7 @@ impl Ledger {
                 Batcher::start(
                     pool.clone(),
                     settings.batch_max_lines,
+                    Duration::from_millis(settings.batch_linger_ms),
                     Duration::from_millis(settings.slow_script_ms),
                 )
             });

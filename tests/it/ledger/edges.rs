@@ -777,3 +777,79 @@ async fn a_chain_of_absorbed_events_keeps_the_accepted_ones_deduction() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `redis.batch_linger_ms` (issue 27 item 1): placements that reach a
+/// lingering batcher together are decided exactly as one at a time would
+/// decide them, and every one gets its own reply: 12 orders race for a
+/// stock of 5 and two 2-line orders for a budget that covers one, with batches
+/// of at most 8 lines waiting up to 20 ms to fill. Then every event again
+/// (redeliveries) repeats its decision.
+#[tokio::test]
+async fn placements_through_a_lingering_batch_decide_as_one_at_a_time() {
+    let plain = standalone().await;
+    let mut s = settings(&plain.url, &plain.prefix);
+    s.batch_max_lines = 8;
+    s.batch_linger_ms = 20;
+    let r = plain.with_ledger(Ledger::connect(&s).await.unwrap()).await;
+    admin::promo_set(&r.ledger, &id("P"), spec(None, Some(5), Some(1)), false)
+        .await
+        .unwrap();
+    for q in ["Q", "R"] {
+        admin::promo_set(&r.ledger, &id(q), spec(Some(100), None, None), false)
+            .await
+            .unwrap();
+    }
+    let mut events: Vec<_> = (0..12)
+        .map(|i| {
+            let (e, o, c) = (format!("E{i}"), format!("o{i}"), format!("c{i}"));
+            placed(&e, &o, &c, T, &[("P", 0, 1)])
+        })
+        .collect();
+    events.push(placed("M1", "m1", "c1", T, &[("Q", 60, 0), ("R", 30, 0)]));
+    events.push(placed("M2", "m2", "c2", T, &[("Q", 60, 0), ("R", 30, 0)]));
+    let mut first: Vec<bool> = Vec::new();
+    for round in 0..2 {
+        let decisions: Vec<PlaceDecision> =
+            futures::future::join_all(events.iter().map(|e| r.ledger.place(e)))
+                .await
+                .into_iter()
+                .map(|d| d.unwrap())
+                .collect();
+        for d in &decisions[..12] {
+            if !is_accepted(d) {
+                assert_eq!(rejected(d).1, Reason::StockInsufficient, "{d:?}");
+            }
+        }
+        let accepted: Vec<bool> = decisions.iter().map(is_accepted).collect();
+        assert_eq!(
+            accepted[..12].iter().filter(|a| **a).count(),
+            5,
+            "round {round}: {decisions:?}"
+        );
+        // The 2-line orders take 60 of Q's 100 each: exactly one of them.
+        assert_eq!(
+            accepted[12..].iter().filter(|a| **a).count(),
+            1,
+            "round {round}: {decisions:?}"
+        );
+        if round == 0 {
+            first = accepted;
+        } else {
+            // Redeliveries: the same decision, read back as a duplicate.
+            assert_eq!(accepted, first, "{decisions:?}");
+            for d in &decisions {
+                let duplicate = match d {
+                    PlaceDecision::Accepted { duplicate, .. } => *duplicate,
+                    PlaceDecision::Rejected { duplicate, .. } => *duplicate,
+                };
+                assert!(duplicate, "{d:?}");
+            }
+        }
+        assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("0"));
+        assert_eq!(r.promo_field("Q", "budget").await.as_deref(), Some("40"));
+        assert_eq!(r.promo_field("R", "budget").await.as_deref(), Some("70"));
+    }
+    for p in ["P", "Q", "R"] {
+        audit_clean(&r, p).await;
+    }
+}

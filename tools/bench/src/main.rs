@@ -297,7 +297,13 @@ async fn throughput(
     let last_metrics = child.last_metrics();
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
     let usage = blocking(move || child.wait(timeout)).await?;
-    let stages_ms = proc::stage_means("", &last_metrics.lock().unwrap_or_else(|p| p.into_inner()));
+    let metrics_text = last_metrics
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let stages_ms = proc::stage_means("", &metrics_text);
+    // The last scrape, beside the log, for the histograms the table leaves out.
+    let _ = std::fs::write(ctx.log(&tag).with_extension("metrics"), &metrics_text);
     let (redis_cpu, kafka_cpu) = servers.end(ctx);
     if usage.exit_code != 0 {
         bail!(
@@ -314,6 +320,8 @@ async fn throughput(
         label, w, n, refunds, preload_s, usage, &outcomes, calls, usec, redis_cpu, kafka_cpu, extra,
     )?;
     run.stages_ms = stages_ms;
+    run.batch_calls_lines = proc::histogram_totals(&metrics_text, "deductor_batch_lines")
+        .map(|(sum, count)| (count, sum));
     run.redis_memory_growth_b = Some(memory1 as i64 - memory0 as i64);
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
@@ -380,6 +388,7 @@ fn summarize(
         tally,
         stages_ms: BTreeMap::new(),
         redis_memory_growth_b: None,
+        batch_calls_lines: None,
     })
 }
 

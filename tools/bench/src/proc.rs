@@ -186,6 +186,17 @@ pub fn stage_means(before: &str, after: &str) -> std::collections::BTreeMap<Stri
         .collect()
 }
 
+/// (sum, count) of the unlabelled histogram `name` in a /metrics text.
+pub fn histogram_totals(text: &str, name: &str) -> Option<(f64, f64)> {
+    let value = |suffix: &str| {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(suffix)?;
+            rest.strip_prefix(' ')?.trim().parse::<f64>().ok()
+        })
+    };
+    Some((value("_sum")?, value("_count")?))
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -287,5 +298,19 @@ mod stage_tests {
         assert_eq!(m.len(), 2, "{m:?}");
         assert!((m["redis"] - 100.0).abs() < 1e-9, "{m:?}");
         assert!((m["commit"] - 100.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn histogram_totals_read_the_named_histogram_only() {
+        let text = "# TYPE deductor_batch_lines histogram\n\
+                    deductor_batch_lines_bucket{le=\"1\"} 2\n\
+                    deductor_batch_lines_sum 67\n\
+                    deductor_batch_lines_count 3\n\
+                    deductor_batch_lines_total_sum 9\n";
+        assert_eq!(
+            histogram_totals(text, "deductor_batch_lines"),
+            Some((67.0, 3.0))
+        );
+        assert_eq!(histogram_totals(text, "deductor_other"), None);
     }
 }

@@ -53,6 +53,9 @@ pub struct Run {
     pub stages_ms: BTreeMap<String, f64>,
     /// Growth of Redis's `used_memory` over the run, bytes.
     pub redis_memory_growth_b: Option<i64>,
+    /// `deduct_batch.lua` calls and the placement lines they carried
+    /// (`deductor_batch_lines`, last scrape); None without batches.
+    pub batch_calls_lines: Option<(f64, f64)>,
 }
 
 impl Run {
@@ -452,11 +455,17 @@ impl Report {
         for r in &runs {
             let _ = writeln!(
                 s,
-                "| {}: Redis script calls per event; µs inside Redis scripts per event; Redis busy in scripts | {:.2}; {:.1} µs; {:.0}% of the span | | | | |",
+                "| {}: Redis script calls per event; µs inside Redis scripts per event; Redis busy in scripts; placement lines per batch call | {:.2}; {:.1} µs; {:.0}% of the span; {} | | | | |",
                 r.label,
                 r.script_calls_per_event,
                 r.redis_usec_per_event,
                 r.redis_busy * 100.0,
+                match r.batch_calls_lines {
+                    Some((calls, lines)) if calls > 0.0 => {
+                        format!("{:.1} ({:.0} calls)", lines / calls, calls)
+                    }
+                    _ => "no batches".to_owned(),
+                },
             );
             let [service, redis, broker] = r.cpu_us_per_event();
             let _ = writeln!(
@@ -707,6 +716,7 @@ mod tests {
             tally: BTreeMap::new(),
             stages_ms: BTreeMap::new(),
             redis_memory_growth_b: None,
+            batch_calls_lines: None,
         }
     }
 

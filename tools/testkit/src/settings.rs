@@ -32,5 +32,6 @@ pub fn redis(url: &str, prefix: &str) -> RedisSettings {
         // As the service: one deduct.lua call per placement line (tests of
         // the batch path set more).
         batch_max_lines: 1,
+        batch_linger_ms: 0,
     }
 }
