@@ -8,6 +8,10 @@
 //! load one script call, one round trip and one reply carry up to
 //! `redis.batch_max_lines` lines.
 //!
+//! The memo reads of multi-line placements (memo.lua) and the refund lines
+//! (rollback.lua) are batched the same way, each by a batcher of its own, as
+//! `memo_batch.lua` and `rollback_batch.lua` calls.
+//!
 //! Only where one script may touch every key (a single Redis or a Sentinel
 //! primary; not a Redis Cluster, whose keys of different promotions live
 //! on different nodes) and without the durability gate (its `WAIT` is per
@@ -29,34 +33,72 @@ struct Pending {
     reply: oneshot::Sender<Result<Value, LedgerError>>,
 }
 
-/// The queue of deduct calls waiting for a batch.
+/// What a batcher batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Placement lines (deduct.lua calls) as `deduct_batch.lua` calls.
+    Deduct,
+    /// Memo reads (memo.lua calls) as `memo_batch.lua` calls.
+    Memo,
+    /// Refund lines (rollback.lua calls) as `rollback_batch.lua` calls.
+    Rollback,
+}
+
+impl Kind {
+    fn build(self, calls: Vec<Call>) -> Call {
+        match self {
+            Kind::Deduct => calls::deduct_batch(calls),
+            Kind::Memo => calls::memo_batch(calls),
+            Kind::Rollback => calls::rollback_batch(calls),
+        }
+    }
+
+    /// The script each element stands for, in its errors.
+    fn one(self) -> &'static str {
+        match self {
+            Kind::Deduct => "deduct",
+            Kind::Memo => "memo",
+            Kind::Rollback => "rollback",
+        }
+    }
+}
+
+/// The queue of calls waiting for a batch.
 #[derive(Clone)]
 pub(super) struct Batcher {
     tx: mpsc::UnboundedSender<Pending>,
+    kind: Kind,
 }
 
 impl Batcher {
     /// Starts the batching task; it ends when every handle is dropped.
     /// `linger`: how long a batch's first line may wait for others to join
     /// it once a slot is free (zero: not at all).
-    pub(super) fn start(pool: Pool, max_lines: usize, linger: Duration, slow: Duration) -> Batcher {
+    pub(super) fn start(
+        kind: Kind,
+        pool: Pool,
+        max_lines: usize,
+        linger: Duration,
+        slow: Duration,
+    ) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(pool.size().max(1)));
         let shape = Shape {
             max_lines: max_lines.max(1),
             linger,
         };
-        tokio::spawn(collect(rx, pool, slots, shape, slow));
-        Batcher { tx }
+        tokio::spawn(collect(kind, rx, pool, slots, shape, slow));
+        Batcher { tx, kind }
     }
 
-    /// Runs one deduct call in the next batch; its own reply (or error).
-    pub(super) async fn deduct(&self, call: Call) -> Result<Value, LedgerError> {
+    /// Runs one call (of the batcher's kind: deduct.lua, memo.lua or
+    /// rollback.lua) in the next batch; its own reply (or error).
+    pub(super) async fn call(&self, call: Call) -> Result<Value, LedgerError> {
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Pending { call, reply }).is_err() {
-            return Err(closed());
+            return Err(closed(self.kind));
         }
-        rx.await.unwrap_or_else(|_| Err(closed()))
+        rx.await.unwrap_or_else(|_| Err(closed(self.kind)))
     }
 }
 
@@ -69,6 +111,7 @@ struct Shape {
 }
 
 async fn collect(
+    kind: Kind,
     mut rx: mpsc::UnboundedReceiver<Pending>,
     pool: Pool,
     slots: Arc<Semaphore>,
@@ -87,7 +130,7 @@ async fn collect(
         let batch = fill(&mut rx, first, shape).await;
         let client = pool.next().clone();
         tokio::spawn(async move {
-            send(&client, batch, slow).await;
+            send(kind, &client, batch, slow).await;
             drop(slot);
         });
     }
@@ -117,14 +160,16 @@ async fn fill<T>(rx: &mut mpsc::UnboundedReceiver<T>, first: T, shape: Shape) ->
     batch
 }
 
-async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duration) {
+async fn send(kind: Kind, client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duration) {
     let (calls, replies): (Vec<Call>, Vec<_>) =
         batch.into_iter().map(|p| (p.call, p.reply)).unzip();
-    let call = calls::deduct_batch(calls);
+    let call = kind.build(calls);
     let script = call.script.name;
     let n = replies.len();
     let (result, slow) = scripts::eval_timed(client, call, slow).await;
-    crate::metrics::batch_lines(n);
+    if kind == Kind::Deduct {
+        crate::metrics::batch_lines(n);
+    }
     if let Some(took) = slow {
         tracing::warn!(
             script,
@@ -136,20 +181,20 @@ async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duratio
     match result {
         Ok(Value::Array(items)) if items.len() == n => {
             for (item, reply) in items.into_iter().zip(replies) {
-                let _ = reply.send(line(item));
+                let _ = reply.send(element(kind, item));
             }
         }
         Ok(other) => {
             for reply in replies {
                 let _ = reply.send(Err(LedgerError::MalformedReply {
-                    script: "deduct_batch",
+                    script,
                     detail: format!("{n} lines, reply {other:?}"),
                 }));
             }
         }
         Err(e) => {
             for reply in replies {
-                let _ = reply.send(Err(LedgerError::redis("deduct", e.clone())));
+                let _ = reply.send(Err(LedgerError::redis(kind.one(), e.clone())));
             }
         }
     }
@@ -157,22 +202,23 @@ async fn send(client: &fred::prelude::Client, batch: Vec<Pending>, slow: Duratio
 
 /// The batching task is gone (the ledger is closing): like a dropped
 /// connection, the caller retries or gives up with the service.
-fn closed() -> LedgerError {
+fn closed(kind: Kind) -> LedgerError {
     LedgerError::redis(
-        "deduct",
+        kind.one(),
         fred::error::Error::new(fred::error::ErrorKind::Canceled, "batching stopped"),
     )
 }
 
-/// One line's element of the reply: deduct.lua's reply, or the error it
-/// would have replied with (`{"ERR", message}`).
-fn line(item: Value) -> Result<Value, LedgerError> {
+/// One call's element of the reply: its script's reply (deduct.lua's,
+/// memo.lua's, rollback.lua's), or the error it would have replied with
+/// (`{"ERR", message}`).
+fn element(kind: Kind, item: Value) -> Result<Value, LedgerError> {
     if let Value::Array(parts) = &item {
         if let [Value::String(tag), message] = parts.as_slice() {
             if &**tag == "ERR" {
                 let message = message.as_string().unwrap_or_default();
                 return Err(LedgerError::redis(
-                    "deduct",
+                    kind.one(),
                     fred::error::Error::new(fred::error::ErrorKind::Unknown, message),
                 ));
             }

@@ -138,6 +138,26 @@ pub fn memo(keys: &Keys, h: &Header, p: &Id) -> Call {
     call(&scripts::MEMO, vec![keys.rejected(p, &h.event_id)], vec![])
 }
 
+/// `rollback_batch.lua`: the refund lines `lines` (each a [`rollback`]
+/// call, all with or all without the index) as one call, on a single Redis
+/// or a Sentinel primary.
+pub fn rollback_batch(lines: Vec<Call>) -> Call {
+    let mut keys = Vec::new();
+    let mut args = vec![lines.len().to_string()];
+    for c in lines {
+        keys.extend(c.keys);
+        args.extend(c.args);
+    }
+    call(&scripts::ROLLBACK_BATCH, keys, args)
+}
+
+/// `memo_batch.lua`: the memo reads `reads` (each a [`memo`] call) as one
+/// call, on a single Redis or a Sentinel primary.
+pub fn memo_batch(reads: Vec<Call>) -> Call {
+    let keys = reads.into_iter().flat_map(|c| c.keys).collect();
+    call(&scripts::MEMO_BATCH, keys, vec![])
+}
+
 /// `rollback.lua` for one refund line, acting on `customer`'s counter (the
 /// event's, or the one the record names: see [`super::reply::RollbackReply`]);
 /// with `ttl.index`, a tombstone it creates is added to the index of `day`.
@@ -440,6 +460,54 @@ mod tests {
     }
 
     #[test]
+    fn rollback_batch_follows_its_header() {
+        let line = RefundLine {
+            promotion_id: id("p1"),
+            budget: Some(7),
+            stock: None,
+        };
+        let header = own(&scripts::ROLLBACK_BATCH);
+        for (ttl, keys, args) in [(ttl().indexed(44), 5, 8), (ttl(), 4, 6)] {
+            let lines = [
+                rollback(&Keys::default(), &ttl, &h(), &line, &id("c1"), 1),
+                rollback(&Keys::default(), &ttl, &h(), &line, &id("c2"), 1),
+            ];
+            let batch = rollback_batch(lines.to_vec());
+            assert_eq!(batch.script.name, "rollback_batch");
+            assert_eq!(batch.keys.len(), 2 * keys);
+            assert_eq!(batch.keys[keys..], lines[1].keys[..]);
+            assert_eq!(batch.args.len(), 1 + 2 * args);
+            assert_eq!(batch.args[0], "2");
+            assert_eq!(batch.args[1..=args], lines[0].args[..]);
+            assert_eq!(batch.args[1 + args..], lines[1].args[..]);
+        }
+        // The header names the layouts this builder follows.
+        assert!(header.contains("KEYS[5i+1 .. 5i+5]"), "{header}");
+        assert!(header.contains("ARGV[8i+2 .. 8i+9]"), "{header}");
+        assert!(header.contains("KEYS[4i+1 .. 4i+4]"), "{header}");
+        assert!(header.contains("ARGV[6i+2 .. 6i+7]"), "{header}");
+    }
+
+    #[test]
+    fn memo_batch_is_the_reads_keys_in_order() {
+        let reads = [
+            memo(&Keys::default(), &h(), &id("p1")),
+            memo(&Keys::default(), &h(), &id("p2")),
+        ];
+        let batch = memo_batch(reads.to_vec());
+        assert_eq!(batch.script.name, "memo_batch");
+        assert_eq!(
+            batch.keys,
+            [&reads[0].keys[..], &reads[1].keys[..]].concat()
+        );
+        assert!(batch.args.is_empty());
+        // The header names the layout this builder follows.
+        let header = own(&scripts::MEMO_BATCH);
+        assert!(header.contains("KEYS[1 .. N]"), "{header}");
+        assert!(header.contains("ARGV          none"), "{header}");
+    }
+
+    #[test]
     fn rollback_follows_its_header_and_acts_on_the_given_customer() {
         let line = RefundLine {
             promotion_id: id("p1"),
@@ -572,7 +640,9 @@ mod tests {
             "deduct_batch",
             "release",
             "memo",
+            "memo_batch",
             "rollback",
+            "rollback_batch",
             "promo_set",
             "promo_status",
             "promo_adjust",

@@ -9,7 +9,7 @@ use fred::prelude::{
 };
 use fred::types::config::{ReconnectError, TlsConnector, UnresponsiveConfig};
 
-use super::batch::Batcher;
+use super::batch::{Batcher, Kind};
 use super::calls::Ttls;
 use super::sentinel::SentinelUrl;
 use super::{Ledger, LedgerError, Shared};
@@ -216,19 +216,29 @@ impl Ledger {
         }
         // One script may touch every key only outside a Cluster, and the
         // gate's WAIT covers only the order's own connection.
-        let batcher = (settings.batch_max_lines > 1 && settings.wait_replicas == 0 && !clustered)
-            .then(|| {
+        let batched = settings.batch_max_lines > 1 && settings.wait_replicas == 0 && !clustered;
+        let batcher = |kind| {
+            batched.then(|| {
                 Batcher::start(
+                    kind,
                     pool.clone(),
                     settings.batch_max_lines,
                     Duration::from_millis(settings.batch_linger_ms),
                     Duration::from_millis(settings.slow_script_ms),
                 )
-            });
+            })
+        };
+        let (batcher, memo_batcher, rollback_batcher) = (
+            batcher(Kind::Deduct),
+            batcher(Kind::Memo),
+            batcher(Kind::Rollback),
+        );
         let ledger = Ledger {
             pool,
             shared: Arc::new(Shared {
                 batcher,
+                memo_batcher,
+                rollback_batcher,
                 wedge: Default::default(),
                 keys: Keys::new(settings.key_prefix.clone()),
                 ttl: {

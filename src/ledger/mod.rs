@@ -55,6 +55,11 @@ struct Shared {
     command_timeout: Duration,
     /// Placement lines batched into deduct_batch.lua calls ([`batch`]).
     batcher: Option<batch::Batcher>,
+    /// Memo reads of multi-line placements batched into memo_batch.lua
+    /// calls, wherever placement lines are batched.
+    memo_batcher: Option<batch::Batcher>,
+    /// Refund lines batched into rollback_batch.lua calls, likewise.
+    rollback_batcher: Option<batch::Batcher>,
     /// The calls' timeouts, for the wedge watchdog ([`wedge`]).
     wedge: Arc<wedge::Wedge>,
 }
@@ -153,6 +158,25 @@ impl Ledger {
         let result = result.map_err(|e| LedgerError::redis(script.name, e));
         self.shared.wedge.observe(&result);
         result
+    }
+
+    /// `call` through `batcher` when there is one (a single Redis or a
+    /// Sentinel primary without the gate), else as its own call ([`Self::run`]).
+    async fn batched(
+        &self,
+        batcher: Option<&batch::Batcher>,
+        call: Call,
+        order: &Id,
+        p: &Id,
+    ) -> Result<Value, LedgerError> {
+        match batcher {
+            Some(b) => {
+                let result = b.call(call).await;
+                self.shared.wedge.observe(&result);
+                result
+            }
+            None => self.run(call, Some(order), p).await,
+        }
     }
 
     fn report_corrupt(&self, h: &Header, p: &Id, err: &LedgerError) {

@@ -134,7 +134,8 @@ impl Ledger {
         let lookups = lines.iter().map(|line| {
             let p = &line.promotion_id;
             let call = calls::memo(self.keys(), h, p);
-            async move { (p, self.run(call, Some(&h.order_id), p).await) }
+            let batcher = self.shared.memo_batcher.as_ref();
+            async move { (p, self.batched(batcher, call, &h.order_id, p).await) }
         });
         for (p, result) in futures::future::join_all(lookups).await {
             match result {
@@ -211,7 +212,8 @@ impl Ledger {
                 &customer,
                 calls::today(),
             );
-            let reply = self.run(call, Some(&h.order_id), p).await?;
+            let batcher = self.shared.rollback_batcher.as_ref();
+            let reply = self.batched(batcher, call, &h.order_id, p).await?;
             match reply::decode_rollback(reply)? {
                 RollbackReply::Line(r) => return Ok(r),
                 RollbackReply::Customer(stored) => {
@@ -267,17 +269,10 @@ impl Ledger {
 
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
         let call = calls::deduct(self.keys(), &self.shared.ttl, h, line, calls::today());
-        let reply = match &self.shared.batcher {
-            Some(b) => {
-                let result = b.deduct(call).await;
-                self.shared.wedge.observe(&result);
-                result?
-            }
-            None => {
-                self.run(call, Some(&h.order_id), &line.promotion_id)
-                    .await?
-            }
-        };
+        let batcher = self.shared.batcher.as_ref();
+        let reply = self
+            .batched(batcher, call, &h.order_id, &line.promotion_id)
+            .await?;
         reply::decode_deduct(reply)
     }
 

@@ -158,6 +158,34 @@ pub static DEDUCT_BATCH: LazyLock<Script> = LazyLock::new(|| {
 pub static RELEASE: LazyLock<Script> = with_lib!("release");
 pub static ROLLBACK: LazyLock<Script> = with_lib!("rollback");
 pub static MEMO: LazyLock<Script> = with_lib!("memo");
+/// rollback.lua's body, unchanged, as `rollback_one(KEYS, ARGV)`, called by
+/// lua/rollback_batch.lua for each refund line of a batch.
+pub static ROLLBACK_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "rollback_batch",
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "local function rollback_one(KEYS, ARGV)\n",
+            include_str!("../../lua/rollback.lua"),
+            "\nend\n",
+            include_str!("../../lua/rollback_batch.lua")
+        ),
+    )
+});
+/// memo.lua's body, unchanged, as `memo_one(KEYS, ARGV)`, called by
+/// lua/memo_batch.lua for each key of a batch of memo reads.
+pub static MEMO_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "memo_batch",
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "local function memo_one(KEYS, ARGV)\n",
+            include_str!("../../lua/memo.lua"),
+            "\nend\n",
+            include_str!("../../lua/memo_batch.lua")
+        ),
+    )
+});
 pub static PROMO_SET: LazyLock<Script> =
     LazyLock::new(|| Script::new("promo_set", include_str!("../../lua/promo_set.lua")));
 // The operator's in-place changes of a live promotion (src/admin/promo.rs).
@@ -170,13 +198,15 @@ pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 11] {
+pub fn all() -> [&'static Script; 13] {
     [
         &DEDUCT,
         &DEDUCT_BATCH,
         &RELEASE,
         &ROLLBACK,
+        &ROLLBACK_BATCH,
         &MEMO,
+        &MEMO_BATCH,
         &PROMO_SET,
         &PROMO_STATUS,
         &PROMO_ADJUST,

@@ -780,10 +780,12 @@ async fn a_chain_of_absorbed_events_keeps_the_accepted_ones_deduction() {
 
 /// `redis.batch_linger_ms` (issue 27 item 1): placements that reach a
 /// lingering batcher together are decided exactly as one at a time would
-/// decide them, and every one gets its own reply: 12 orders race for a
-/// stock of 5 and two 2-line orders for a budget that covers one, with batches
+/// decide them, and every one gets its own reply (the memo reads of the
+/// redeliveries too): 12 orders race for a stock of 5 and two 2-line
+/// orders for a budget that covers one, with batches
 /// of at most 8 lines waiting up to 20 ms to fill. Then every event again
-/// (redeliveries) repeats its decision.
+/// (redeliveries) repeats its decision, and every order is refunded (twice),
+/// its refund lines batched as well.
 #[tokio::test]
 async fn placements_through_a_lingering_batch_decide_as_one_at_a_time() {
     let plain = standalone().await;
@@ -805,8 +807,10 @@ async fn placements_through_a_lingering_batch_decide_as_one_at_a_time() {
             placed(&e, &o, &c, T, &[("P", 0, 1)])
         })
         .collect();
-    events.push(placed("M1", "m1", "c1", T, &[("Q", 60, 0), ("R", 30, 0)]));
-    events.push(placed("M2", "m2", "c2", T, &[("Q", 60, 0), ("R", 30, 0)]));
+    // Q second: the order that loses is rejected on its second line, so a
+    // redelivery finds its rejection by the memo reads (batched too).
+    events.push(placed("M1", "m1", "c1", T, &[("R", 30, 0), ("Q", 60, 0)]));
+    events.push(placed("M2", "m2", "c2", T, &[("R", 30, 0), ("Q", 60, 0)]));
     let mut first: Vec<bool> = Vec::new();
     for round in 0..2 {
         let decisions: Vec<PlaceDecision> =
@@ -848,6 +852,51 @@ async fn placements_through_a_lingering_batch_decide_as_one_at_a_time() {
         assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("0"));
         assert_eq!(r.promo_field("Q", "budget").await.as_deref(), Some("40"));
         assert_eq!(r.promo_field("R", "budget").await.as_deref(), Some("70"));
+    }
+    // Refunds of every order, racing too (rollback_batch.lua), one of the P
+    // refunds naming another customer (applied to the deduction's), each
+    // delivered twice.
+    let refunds: Vec<_> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let h = &e.header;
+            let customer = if i == 0 {
+                "someone"
+            } else {
+                h.customer_id.as_str()
+            };
+            let lines: Vec<(&str, Option<u64>, Option<u64>)> = e
+                .lines
+                .iter()
+                .map(|l| (l.promotion_id.as_str(), None, None))
+                .collect();
+            refunded(&format!("R{i}"), h.order_id.as_str(), customer, &lines)
+        })
+        .collect();
+    for round in 0..2 {
+        let decisions = futures::future::join_all(refunds.iter().map(|e| r.ledger.refund(e))).await;
+        for (i, d) in decisions.into_iter().enumerate() {
+            let d = d.unwrap();
+            assert_eq!(d.applied(), first[i], "refund {i}, round {round}: {d:?}");
+            assert!(
+                d.lines.iter().all(|l| l.duplicate == (round == 1)),
+                "refund {i}, round {round}: {d:?}"
+            );
+        }
+        assert_eq!(r.promo_field("P", "stock").await.as_deref(), Some("5"));
+        for q in ["Q", "R"] {
+            assert_eq!(r.promo_field(q, "budget").await.as_deref(), Some("100"));
+        }
+    }
+    for i in 0..12 {
+        let used = r.keys().used(&id("P"), &id(&format!("c{i}")));
+        // Back to 0, or never taken (a rejected order).
+        let left = r.get(&used).await;
+        assert!(
+            matches!(left.as_deref(), None | Some("0")),
+            "c{i}: {left:?}"
+        );
     }
     for p in ["P", "Q", "R"] {
         audit_clean(&r, p).await;

@@ -166,3 +166,232 @@ async fn a_malformed_batch_is_refused_whole() {
     assert!(err.details().starts_with("BADARG"), "{err}");
     r.assert_unchanged(&before, "a refused batch").await;
 }
+
+/// memo_batch.lua against memo.lua: random runs of memo keys (missing, each
+/// stored reason, an absorbed or released mark, a value no reason has, a
+/// key of another type), the same key repeated, read once by memo.lua each
+/// and once in batches of 1 to 9 by memo_batch.lua. Every element must be
+/// memo.lua's reply or error, and neither may write.
+#[tokio::test]
+async fn a_memo_batch_reads_every_key_as_memo_lua() {
+    use deductor::domain::decision::Reason;
+    let r = standalone().await;
+    let mut values: Vec<String> = Reason::ALL.iter().map(|x| x.as_str().to_owned()).collect();
+    values.extend(["accepted", "released", "nonsense", "", "missing", "a hash"].map(String::from));
+    let mut keys = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let k = r
+            .keys()
+            .rejected(&id(&format!("p{i}")), &id(&format!("e{i}")));
+        match v.as_str() {
+            "missing" => {}
+            "a hash" => r.hset(&k, &[("reason", "budget_exceeded")]).await,
+            v => r.set(&k, v).await,
+        }
+        keys.push(k);
+    }
+    let before = r.dump().await;
+    let mut rng = StdRng::seed_from_u64(7);
+    let reads: Vec<String> = (0..200)
+        .map(|_| keys[rng.random_range(0..keys.len())].clone())
+        .collect();
+    let mut expected = Vec::new();
+    for k in &reads {
+        let reply = r.eval(scripts::MEMO.body, vec![k.clone()], vec![]).await;
+        expected.push(show(reply.map_err(|e| e.details().to_owned())));
+    }
+    let mut got = Vec::new();
+    let mut rest = &reads[..];
+    while !rest.is_empty() {
+        let k = rng.random_range(1..=9).min(rest.len());
+        let (chunk, tail) = rest.split_at(k);
+        rest = tail;
+        let call = calls::memo_batch(
+            chunk
+                .iter()
+                .map(|key| Call {
+                    script: &scripts::MEMO,
+                    keys: vec![key.clone()],
+                    args: vec![],
+                })
+                .collect(),
+        );
+        let reply = r
+            .eval(scripts::MEMO_BATCH.body, call.keys, call.args)
+            .await
+            .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
+        let Value::Array(items) = reply else {
+            panic!("batch reply {reply:?}")
+        };
+        assert_eq!(items.len(), k, "one element per read");
+        got.extend(items.into_iter().map(|v| show(Ok(v))));
+    }
+    assert_eq!(expected, got, "memo.lua vs memo_batch.lua");
+    for needle in [
+        "value: nonsense",
+        "type: hash",
+        "\"budget_exceeded\"",
+        "\"\"",
+    ] {
+        assert!(
+            expected.iter().any(|e| e.contains(needle)),
+            "the reads meet {needle}: {expected:?}"
+        );
+    }
+    r.assert_unchanged(&before, "memo reads").await;
+    // No key at all, or an argument: refused whole.
+    for (keys, args) in [
+        (vec![], vec![]),
+        (vec![reads[0].clone()], vec!["x".to_owned()]),
+    ] {
+        let err = r
+            .eval(scripts::MEMO_BATCH.body, keys, args)
+            .await
+            .expect_err("a malformed memo batch");
+        assert!(err.details().starts_with("BADARG"), "{err}");
+    }
+}
+
+/// Refund line `i` for `r`'s prefix, over the orders `line` placed: full
+/// and partial refunds, refund events that repeat (redeliveries), a
+/// customer other than the deduction's, orders with no deduction, a missing,
+/// paused and corrupt promotion, a malformed amount; with the day index
+/// (`indexed`) or without.
+fn refund_line(r: &TestRedis, i: usize, rng: &mut StdRng, indexed: bool) -> Call {
+    let promos = ["scarce", "roomy", "roomy", "paused", "missing", "broken"];
+    let p = promos[rng.random_range(0..promos.len())];
+    let o = rng.random_range(0..42);
+    // An order's customer is its event's (o or o - 1) % 7: any other is a
+    // mismatch, answered with the stored customer.
+    let c = if rng.random_bool(0.7) {
+        o % 7
+    } else {
+        rng.random_range(0..7)
+    };
+    let e = format!("r{}", rng.random_range(0..(i + 1).min(30)));
+    let mut amount = || match rng.random_range(0..10) {
+        0 => "07".to_owned(), // not canonical: BADARG
+        1..=3 => String::new(),
+        _ => rng.random_range(0..6).to_string(),
+    };
+    let (budget, stock) = (amount(), amount());
+    let mut keys = r
+        .keys()
+        .rollback_line(
+            &id(p),
+            &id(&format!("o{o}")),
+            &id(&format!("c{c}")),
+            &id(&e),
+        )
+        .as_vec();
+    let mut args = vec![
+        budget,
+        stock,
+        "1000".to_owned(),
+        "1000".to_owned(),
+        e,
+        format!("c{c}"),
+    ];
+    if indexed {
+        keys.push(r.keys().index(&id(p), 20_000));
+        args.extend([format!("o{o}"), "2000".to_owned()]);
+    }
+    Call {
+        script: &scripts::ROLLBACK,
+        keys,
+        args,
+    }
+}
+
+/// rollback_batch.lua against rollback.lua: the same deductions placed on
+/// two key prefixes, then the same random refund lines (`refund_line`) run
+/// once line by line through rollback.lua and once in random batches of 1
+/// to 9 through rollback_batch.lua. Every line's reply (or error) and every
+/// key afterwards must be the same.
+#[tokio::test]
+async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
+    for seed_value in [11_u64, 12, 13] {
+        let indexed = seed_value != 12;
+        let one = standalone().await;
+        let many = standalone().await;
+        let mut replies = Vec::new();
+        for r in [&one, &many] {
+            seed(r).await;
+            let mut rng = StdRng::seed_from_u64(seed_value);
+            for i in 0..80 {
+                let c = line(r, i, &mut rng);
+                let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
+            }
+            let mut rng = StdRng::seed_from_u64(seed_value + 1);
+            replies.push(
+                (0..160)
+                    .map(|i| refund_line(r, i, &mut rng, indexed))
+                    .collect::<Vec<Call>>(),
+            );
+        }
+        let (singles, batched) = (replies.remove(0), replies.remove(0));
+        let mut expected = Vec::new();
+        for c in singles {
+            let r = one.eval(scripts::ROLLBACK.body, c.keys, c.args).await;
+            expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
+        }
+        let mut got = Vec::new();
+        let mut rest = &batched[..];
+        let mut rng = StdRng::seed_from_u64(seed_value + 100);
+        while !rest.is_empty() {
+            let k = rng.random_range(1..=9).min(rest.len());
+            let (chunk, tail) = rest.split_at(k);
+            rest = tail;
+            let call = calls::rollback_batch(chunk.to_vec());
+            let reply = many
+                .eval(scripts::ROLLBACK_BATCH.body, call.keys, call.args)
+                .await
+                .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
+            let Value::Array(items) = reply else {
+                panic!("batch reply {reply:?}")
+            };
+            assert_eq!(items.len(), k, "one element per line");
+            got.extend(
+                items
+                    .into_iter()
+                    .map(|v| show(Ok(v)).replace(&many.prefix, "P")),
+            );
+        }
+        for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
+            assert_eq!(
+                a, b,
+                "seed {seed_value}, line {i}: rollback.lua vs rollback_batch.lua"
+            );
+        }
+        for needle in [
+            "\"applied\"",
+            "\"customer\"",
+            "no_deduction",
+            "error BADARG",
+            "error CORRUPT",
+        ] {
+            assert!(
+                expected.iter().any(|e| e.contains(needle)),
+                "seed {seed_value}: the lines meet {needle}: {expected:?}"
+            );
+        }
+        assert_eq!(
+            strip(&one.dump().await, &one.prefix),
+            strip(&many.dump().await, &many.prefix),
+            "seed {seed_value}: the same keys afterwards"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_rollback_batch_is_refused_whole() {
+    let r = standalone().await;
+    let before = r.dump().await;
+    let keys = vec![r.keys().promotion(&id("p")); 3];
+    let err = r
+        .eval(scripts::ROLLBACK_BATCH.body, keys, vec!["1".into(); 7])
+        .await
+        .expect_err("3 keys for a batch of 1");
+    assert!(err.details().starts_with("BADARG"), "{err}");
+    r.assert_unchanged(&before, "a refused batch").await;
+}
