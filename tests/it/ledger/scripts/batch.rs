@@ -86,6 +86,49 @@ fn strip(dump: &Dump, prefix: &str) -> Vec<(String, Dumped)> {
         .collect()
 }
 
+/// `singles` one call each on `one`, and `batched` in random batches of 1
+/// to 9 (sizes from `batch_seed`) as `build` makes them on `many`: the
+/// replies one by one, the batches' elements (each as [`show`] gives it,
+/// the prefix replaced by "P") and the batch sizes.
+async fn one_by_one_and_batched(
+    one: &TestRedis,
+    singles: Vec<Call>,
+    many: &TestRedis,
+    batched: &[Call],
+    build: fn(Vec<Call>) -> Call,
+    batch_seed: u64,
+) -> (Vec<String>, Vec<String>, Vec<usize>) {
+    let mut expected = Vec::new();
+    for c in singles {
+        let r = one.eval(c.script.body, c.keys, c.args).await;
+        expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
+    }
+    let (mut got, mut sizes) = (Vec::new(), Vec::new());
+    let mut rest = batched;
+    let mut rng = StdRng::seed_from_u64(batch_seed);
+    while !rest.is_empty() {
+        let k = rng.random_range(1..=9).min(rest.len());
+        let (chunk, tail) = rest.split_at(k);
+        rest = tail;
+        sizes.push(k);
+        let call = build(chunk.to_vec());
+        let reply = many
+            .eval(call.script.body, call.keys, call.args)
+            .await
+            .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
+        let Value::Array(items) = reply else {
+            panic!("batch reply {reply:?}")
+        };
+        assert_eq!(items.len(), k, "one element per call");
+        got.extend(
+            items
+                .into_iter()
+                .map(|v| show(Ok(v)).replace(&many.prefix, "P")),
+        );
+    }
+    (expected, got, sizes)
+}
+
 #[tokio::test]
 async fn a_batch_decides_every_line_as_deduct_lua_one_by_one() {
     for seed_value in [1_u64, 2, 3] {
@@ -101,35 +144,15 @@ async fn a_batch_decides_every_line_as_deduct_lua_one_by_one() {
         let singles: Vec<Call> = (0..n).map(|i| line(&one, i, &mut ra)).collect();
         let batched: Vec<Call> = (0..n).map(|i| line(&many, i, &mut rb)).collect();
 
-        let mut expected = Vec::new();
-        for c in singles {
-            let r = one.eval(scripts::DEDUCT.body, c.keys, c.args).await;
-            expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
-        }
-        let mut got = Vec::new();
-        let mut sizes = Vec::new();
-        let mut rest = &batched[..];
-        let mut rng = StdRng::seed_from_u64(seed_value + 100);
-        while !rest.is_empty() {
-            let k = rng.random_range(1..=9).min(rest.len());
-            let (chunk, tail) = rest.split_at(k);
-            rest = tail;
-            sizes.push(k);
-            let call = calls::deduct_batch(chunk.to_vec());
-            let reply = many
-                .eval(scripts::DEDUCT_BATCH.body, call.keys, call.args)
-                .await
-                .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
-            let Value::Array(items) = reply else {
-                panic!("batch reply {reply:?}")
-            };
-            assert_eq!(items.len(), k, "one element per line");
-            got.extend(
-                items
-                    .into_iter()
-                    .map(|v| show(Ok(v)).replace(&many.prefix, "P")),
-            );
-        }
+        let (expected, got, sizes) = one_by_one_and_batched(
+            &one,
+            singles,
+            &many,
+            &batched,
+            calls::deduct_batch,
+            seed_value + 100,
+        )
+        .await;
         assert!(
             sizes.iter().any(|&k| k > 1),
             "some batches hold several lines"
@@ -159,11 +182,18 @@ async fn a_malformed_batch_is_refused_whole() {
     let r = standalone().await;
     let before = r.dump().await;
     let keys = vec![r.keys().promotion(&id("p")); 3];
-    let err = r
-        .eval(scripts::DEDUCT_BATCH.body, keys, vec!["1".into(); 8])
-        .await
-        .expect_err("3 keys for a batch of 1");
-    assert!(err.details().starts_with("BADARG"), "{err}");
+    // A count of 1 and a line's arguments, but 3 keys.
+    for (script, args) in [(&scripts::DEDUCT_BATCH, 8), (&scripts::ROLLBACK_BATCH, 7)] {
+        let err = r
+            .eval(script.body, keys.clone(), vec!["1".into(); args])
+            .await
+            .expect_err("3 keys for a batch of 1");
+        assert!(
+            err.details().starts_with("BADARG"),
+            "{}: {err}",
+            script.name
+        );
+    }
     r.assert_unchanged(&before, "a refused batch").await;
 }
 
@@ -195,37 +225,20 @@ async fn a_memo_batch_reads_every_key_as_memo_lua() {
     let reads: Vec<String> = (0..200)
         .map(|_| keys[rng.random_range(0..keys.len())].clone())
         .collect();
-    let mut expected = Vec::new();
-    for k in &reads {
-        let reply = r.eval(scripts::MEMO.body, vec![k.clone()], vec![]).await;
-        expected.push(show(reply.map_err(|e| e.details().to_owned())));
-    }
-    let mut got = Vec::new();
-    let mut rest = &reads[..];
-    while !rest.is_empty() {
-        let k = rng.random_range(1..=9).min(rest.len());
-        let (chunk, tail) = rest.split_at(k);
-        rest = tail;
-        let call = calls::memo_batch(
-            chunk
-                .iter()
-                .map(|key| Call {
-                    script: &scripts::MEMO,
-                    keys: vec![key.clone()],
-                    args: vec![],
-                })
-                .collect(),
-        );
-        let reply = r
-            .eval(scripts::MEMO_BATCH.body, call.keys, call.args)
-            .await
-            .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
-        let Value::Array(items) = reply else {
-            panic!("batch reply {reply:?}")
-        };
-        assert_eq!(items.len(), k, "one element per read");
-        got.extend(items.into_iter().map(|v| show(Ok(v))));
-    }
+    let reads: Vec<Call> = reads
+        .into_iter()
+        .map(|key| Call {
+            script: &scripts::MEMO,
+            keys: vec![key],
+            args: vec![],
+        })
+        .collect();
+    let (expected, got, sizes) =
+        one_by_one_and_batched(&r, reads.clone(), &r, &reads, calls::memo_batch, 8).await;
+    assert!(
+        sizes.iter().any(|&k| k > 1),
+        "some batches hold several reads"
+    );
     assert_eq!(expected, got, "memo.lua vs memo_batch.lua");
     for needle in [
         "value: nonsense",
@@ -242,7 +255,7 @@ async fn a_memo_batch_reads_every_key_as_memo_lua() {
     // No key at all, or an argument: refused whole.
     for (keys, args) in [
         (vec![], vec![]),
-        (vec![reads[0].clone()], vec!["x".to_owned()]),
+        (reads[0].keys.clone(), vec!["x".to_owned()]),
     ] {
         let err = r
             .eval(scripts::MEMO_BATCH.body, keys, args)
@@ -330,33 +343,19 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
             );
         }
         let (singles, batched) = (replies.remove(0), replies.remove(0));
-        let mut expected = Vec::new();
-        for c in singles {
-            let r = one.eval(scripts::ROLLBACK.body, c.keys, c.args).await;
-            expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
-        }
-        let mut got = Vec::new();
-        let mut rest = &batched[..];
-        let mut rng = StdRng::seed_from_u64(seed_value + 100);
-        while !rest.is_empty() {
-            let k = rng.random_range(1..=9).min(rest.len());
-            let (chunk, tail) = rest.split_at(k);
-            rest = tail;
-            let call = calls::rollback_batch(chunk.to_vec());
-            let reply = many
-                .eval(scripts::ROLLBACK_BATCH.body, call.keys, call.args)
-                .await
-                .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
-            let Value::Array(items) = reply else {
-                panic!("batch reply {reply:?}")
-            };
-            assert_eq!(items.len(), k, "one element per line");
-            got.extend(
-                items
-                    .into_iter()
-                    .map(|v| show(Ok(v)).replace(&many.prefix, "P")),
-            );
-        }
+        let (expected, got, sizes) = one_by_one_and_batched(
+            &one,
+            singles,
+            &many,
+            &batched,
+            calls::rollback_batch,
+            seed_value + 100,
+        )
+        .await;
+        assert!(
+            sizes.iter().any(|&k| k > 1),
+            "some batches hold several lines"
+        );
         for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
             assert_eq!(
                 a, b,
@@ -381,17 +380,4 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
             "seed {seed_value}: the same keys afterwards"
         );
     }
-}
-
-#[tokio::test]
-async fn a_malformed_rollback_batch_is_refused_whole() {
-    let r = standalone().await;
-    let before = r.dump().await;
-    let keys = vec![r.keys().promotion(&id("p")); 3];
-    let err = r
-        .eval(scripts::ROLLBACK_BATCH.body, keys, vec!["1".into(); 7])
-        .await
-        .expect_err("3 keys for a batch of 1");
-    assert!(err.details().starts_with("BADARG"), "{err}");
-    r.assert_unchanged(&before, "a refused batch").await;
 }
