@@ -249,10 +249,8 @@ for i = 0, n - 1 do
       ok, r = pcall(deduct_one, keys, args, read_promotion, redis)
     end
   end
-  if not ok then
-    r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) }
-  end
-  local failed = type(r) == 'table' and r.err
+  out[i + 1] = batch_element(ok, r)
+  local failed = out[i + 1][1] == 'ERR' -- (deduct.lua's replies start with a status)
   -- A line that ended in an error moved nothing (its HINCRBY would not have run
   -- or was its last command); the moves of a line that stood are summed.
   for m = nmoves - 3, 1, -4 do
@@ -262,11 +260,6 @@ for i = 0, n - 1 do
     else
       c.moved[line_moves[m + 1]] = c.moved[line_moves[m + 1]] + line_moves[m + 3]
     end
-  end
-  if failed then
-    out[i + 1] = { 'ERR', r.err }
-  else
-    out[i + 1] = r
   end
 end
 

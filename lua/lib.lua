@@ -46,8 +46,9 @@ end
 -- An event id as CONTRACT.md section 1 allows it (ID_RUN: its characters,
 -- one or more; deduct_batch.lua matches several ids at once with it).
 local ID_RUN = '[A-Za-z0-9_.-]+'
+local EVENT_ID = '^' .. ID_RUN .. '$'
 local function event_id(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 64 and find(s, '^[A-Za-z0-9_.-]+$') ~= nil
+  return type(s) == 'string' and #s >= 1 and #s <= 64 and find(s, EVENT_ID) ~= nil
 end
 
 local function wrong_type(key, reply)
@@ -358,3 +359,11 @@ local function run(main)
   error(res, 0)
 end
 
+-- One element of a batch script's reply (deduct_batch.lua, rollback_batch.lua,
+-- memo_batch.lua), from `pcall` of a script's body for one line: its reply, or
+-- {"ERR", message} where the script alone would have replied with an error.
+local function batch_element(ok, r)
+  if not ok then r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) } end
+  if type(r) == 'table' and r.err then return { 'ERR', r.err } end
+  return r
+end

@@ -25,11 +25,7 @@ local function main()
   if #ARGV ~= 0 then fail('BADARG expected no arguments, got ' .. #ARGV) end
   local out, none = {}, {}
   for i = 1, #KEYS do
-    local ok, r = pcall(memo_one, { KEYS[i] }, none)
-    if not ok then
-      r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) }
-    end
-    if type(r) == 'table' and r.err then out[i] = { 'ERR', r.err } else out[i] = r end
+    out[i] = batch_element(pcall(memo_one, { KEYS[i] }, none))
   end
   return out
 end

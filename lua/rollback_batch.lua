@@ -38,10 +38,6 @@ for i = 0, n - 1 do
   local keys, args = {}, {}
   for j = 1, nk do keys[j] = KEYS[nk * i + j] end
   for j = 1, na do args[j] = ARGV[1 + na * i + j] end
-  local ok, r = pcall(rollback_one, keys, args)
-  if not ok then
-    r = { err = type(r) == 'table' and (r.err or r.fail) or tostring(r) }
-  end
-  if type(r) == 'table' and r.err then out[i + 1] = { 'ERR', r.err } else out[i + 1] = r end
+  out[i + 1] = batch_element(pcall(rollback_one, keys, args))
 end
 return out

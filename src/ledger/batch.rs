@@ -56,9 +56,9 @@ impl Kind {
     /// The script each element stands for, in its errors.
     fn one(self) -> &'static str {
         match self {
-            Kind::Deduct => "deduct",
-            Kind::Memo => "memo",
-            Kind::Rollback => "rollback",
+            Kind::Deduct => scripts::DEDUCT.name,
+            Kind::Memo => scripts::MEMO.name,
+            Kind::Rollback => scripts::ROLLBACK.name,
         }
     }
 }

@@ -217,7 +217,7 @@ impl Ledger {
         // One script may touch every key only outside a Cluster, and the
         // gate's WAIT covers only the order's own connection.
         let batched = settings.batch_max_lines > 1 && settings.wait_replicas == 0 && !clustered;
-        let batcher = |kind| {
+        let start = |kind| {
             batched.then(|| {
                 Batcher::start(
                     kind,
@@ -229,9 +229,9 @@ impl Ledger {
             })
         };
         let (batcher, memo_batcher, rollback_batcher) = (
-            batcher(Kind::Deduct),
-            batcher(Kind::Memo),
-            batcher(Kind::Rollback),
+            start(Kind::Deduct),
+            start(Kind::Memo),
+            start(Kind::Rollback),
         );
         let ledger = Ledger {
             pool,
