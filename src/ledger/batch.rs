@@ -8,9 +8,10 @@
 //! load one script call, one round trip and one reply carry up to
 //! `redis.batch_max_lines` lines.
 //!
-//! The memo reads of multi-line placements (memo.lua) and the refund lines
-//! (rollback.lua) are batched the same way, each by a batcher of its own, as
-//! `memo_batch.lua` and `rollback_batch.lua` calls.
+//! The memo reads of multi-line placements (memo.lua), the refund lines
+//! (rollback.lua) and the releases of rejected placements' lines
+//! (release.lua) are batched the same way, each by a batcher of its own, as
+//! `memo_batch.lua`, `rollback_batch.lua` and `release_batch.lua` calls.
 //!
 //! Only where one script may touch every key (a single Redis or a Sentinel
 //! primary; not a Redis Cluster, whose keys of different promotions live
@@ -42,6 +43,8 @@ pub(super) enum Kind {
     Memo,
     /// Refund lines (rollback.lua calls) as `rollback_batch.lua` calls.
     Rollback,
+    /// Releases (release.lua calls) as `release_batch.lua` calls.
+    Release,
 }
 
 impl Kind {
@@ -50,6 +53,7 @@ impl Kind {
             Kind::Deduct => calls::deduct_batch(calls),
             Kind::Memo => calls::memo_batch(calls),
             Kind::Rollback => calls::rollback_batch(calls),
+            Kind::Release => calls::release_batch(calls),
         }
     }
 
@@ -59,6 +63,7 @@ impl Kind {
             Kind::Deduct => scripts::DEDUCT.name,
             Kind::Memo => scripts::MEMO.name,
             Kind::Rollback => scripts::ROLLBACK.name,
+            Kind::Release => scripts::RELEASE.name,
         }
     }
 }
@@ -210,7 +215,7 @@ fn closed(kind: Kind) -> LedgerError {
 }
 
 /// One call's element of the reply: its script's reply (deduct.lua's,
-/// memo.lua's, rollback.lua's), or the error it would have replied with
+/// memo.lua's, rollback.lua's, release.lua's), or the error it would have replied with
 /// (`{"ERR", message}`).
 fn element(kind: Kind, item: Value) -> Result<Value, LedgerError> {
     if let Value::Array(parts) = &item {

@@ -108,15 +108,22 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -
 /// `deduct_batch.lua`: the [`deduct`] calls of `lines`, decided in this
 /// order in one call (their keys and arguments are moved, not copied).
 pub fn deduct_batch(lines: Vec<Call>) -> Call {
+    counted_batch(&scripts::DEDUCT_BATCH, lines)
+}
+
+/// A batch script's call: the count of `lines`, then each line's keys and
+/// arguments in order (moved, not copied).
+fn counted_batch(script: &'static Script, lines: Vec<Call>) -> Call {
     let width = lines.first().map_or(4, |c| c.keys.len());
+    let per_line = lines.first().map_or(0, |c| c.args.len());
     let mut keys = Vec::with_capacity(width * lines.len());
-    let mut args = Vec::with_capacity(1 + (2 * width - 1) * lines.len());
+    let mut args = Vec::with_capacity(1 + per_line * lines.len());
     args.push(lines.len().to_string());
     for c in lines {
         keys.extend(c.keys);
         args.extend(c.args);
     }
-    call(&scripts::DEDUCT_BATCH, keys, args)
+    call(script, keys, args)
 }
 
 /// `release.lua`: undo what event `h` deducted on `line`, and mark the line.
@@ -133,6 +140,12 @@ pub fn release(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, customer: 
     )
 }
 
+/// `release_batch.lua`: the releases `lines` (each a [`release`] call) as
+/// one call, on a single Redis or a Sentinel primary.
+pub fn release_batch(lines: Vec<Call>) -> Call {
+    counted_batch(&scripts::RELEASE_BATCH, lines)
+}
+
 /// `memo.lua`: the stored rejection of placement event `h` on promotion `p`.
 pub fn memo(keys: &Keys, h: &Header, p: &Id) -> Call {
     call(&scripts::MEMO, vec![keys.rejected(p, &h.event_id)], vec![])
@@ -142,13 +155,7 @@ pub fn memo(keys: &Keys, h: &Header, p: &Id) -> Call {
 /// call, all with or all without the index) as one call, on a single Redis
 /// or a Sentinel primary.
 pub fn rollback_batch(lines: Vec<Call>) -> Call {
-    let mut keys = Vec::new();
-    let mut args = vec![lines.len().to_string()];
-    for c in lines {
-        keys.extend(c.keys);
-        args.extend(c.args);
-    }
-    call(&scripts::ROLLBACK_BATCH, keys, args)
+    counted_batch(&scripts::ROLLBACK_BATCH, lines)
 }
 
 /// `memo_batch.lua`: the memo reads `reads` (each a [`memo`] call) as one
@@ -460,6 +467,24 @@ mod tests {
     }
 
     #[test]
+    fn release_batch_follows_its_header() {
+        let (ttl, line) = (ttl(), place_line());
+        let lines = [
+            release(&Keys::default(), &ttl, &h(), &line, &id("c1")),
+            release(&Keys::default(), &ttl, &h(), &line, &id("c2")),
+        ];
+        let batch = release_batch(lines.to_vec());
+        assert_eq!(batch.script.name, "release_batch");
+        assert_eq!(batch.keys.len(), 8);
+        assert_eq!(batch.keys[..4], lines[0].keys[..]);
+        assert_eq!(batch.keys[4..], lines[1].keys[..]);
+        assert_eq!(batch.args, ["2", "e1", "55", "c1", "e1", "55", "c2"]);
+        let header = own(&scripts::RELEASE_BATCH);
+        assert!(header.contains("KEYS[4i+1 .. 4i+4]"), "{header}");
+        assert!(header.contains("ARGV[3i+2 .. 3i+4]"), "{header}");
+    }
+
+    #[test]
     fn rollback_batch_follows_its_header() {
         let line = RefundLine {
             promotion_id: id("p1"),
@@ -639,6 +664,7 @@ mod tests {
             "deduct",
             "deduct_batch",
             "release",
+            "release_batch",
             "memo",
             "memo_batch",
             "rollback",

@@ -228,10 +228,11 @@ impl Ledger {
                 )
             })
         };
-        let (batcher, memo_batcher, rollback_batcher) = (
+        let (batcher, memo_batcher, rollback_batcher, release_batcher) = (
             start(Kind::Deduct),
             start(Kind::Memo),
             start(Kind::Rollback),
+            start(Kind::Release),
         );
         let ledger = Ledger {
             pool,
@@ -239,6 +240,7 @@ impl Ledger {
                 batcher,
                 memo_batcher,
                 rollback_batcher,
+                release_batcher,
                 wedge: Default::default(),
                 keys: Keys::new(settings.key_prefix.clone()),
                 ttl: {

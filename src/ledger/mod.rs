@@ -60,6 +60,9 @@ struct Shared {
     memo_batcher: Option<batch::Batcher>,
     /// Refund lines batched into rollback_batch.lua calls, likewise.
     rollback_batcher: Option<batch::Batcher>,
+    /// Releases of rejected placements' lines batched into
+    /// release_batch.lua calls, likewise.
+    release_batcher: Option<batch::Batcher>,
     /// The calls' timeouts, for the wedge watchdog ([`wedge`]).
     wedge: Arc<wedge::Wedge>,
 }

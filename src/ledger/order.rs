@@ -402,8 +402,9 @@ impl Ledger {
         // (a racing delivery) gets one more try.
         for _ in 0..3 {
             let call = calls::release(self.keys(), &self.shared.ttl, h, line, &customer);
+            let batcher = self.shared.release_batcher.as_ref();
             let reply = self
-                .run(call, Some(&h.order_id), &line.promotion_id)
+                .batched(batcher, call, &h.order_id, &line.promotion_id)
                 .await?;
             match reply::decode_release(reply)? {
                 ReleaseReply::Released(released) => return Ok(released),

@@ -172,6 +172,20 @@ pub static ROLLBACK_BATCH: LazyLock<Script> = LazyLock::new(|| {
         ),
     )
 });
+/// release.lua's body, unchanged, as `release_one(KEYS, ARGV)`, called by
+/// lua/release_batch.lua for each line of a batch of releases.
+pub static RELEASE_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "release_batch",
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "local function release_one(KEYS, ARGV)\n",
+            include_str!("../../lua/release.lua"),
+            "\nend\n",
+            include_str!("../../lua/release_batch.lua")
+        ),
+    )
+});
 /// memo.lua's body, unchanged, as `memo_one(KEYS, ARGV)`, called by
 /// lua/memo_batch.lua for each key of a batch of memo reads.
 pub static MEMO_BATCH: LazyLock<Script> = LazyLock::new(|| {
@@ -198,11 +212,12 @@ pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 13] {
+pub fn all() -> [&'static Script; 14] {
     [
         &DEDUCT,
         &DEDUCT_BATCH,
         &RELEASE,
+        &RELEASE_BATCH,
         &ROLLBACK,
         &ROLLBACK_BATCH,
         &MEMO,

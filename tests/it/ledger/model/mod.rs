@@ -135,8 +135,9 @@ async fn run_case(actions: Vec<Action>, batch_max_lines: usize) -> Result<(), Te
     let r = standalone().await;
     let r = if batch_max_lines > 1 {
         // The same keys through a ledger that batches its placement lines,
-        // refund lines and memo reads (deduct_batch.lua, rollback_batch.lua,
-        // memo_batch.lua; one line a batch here: the steps run in turn).
+        // refund lines, memo reads and releases (deduct_batch.lua,
+        // rollback_batch.lua, memo_batch.lua, release_batch.lua; one line a
+        // batch here: the steps run in turn).
         let mut s = settings(&r.url, &r.prefix);
         s.batch_max_lines = batch_max_lines;
         let batched = deductor::ledger::Ledger::connect(&s).await.unwrap();

@@ -183,7 +183,11 @@ async fn a_malformed_batch_is_refused_whole() {
     let before = r.dump().await;
     let keys = vec![r.keys().promotion(&id("p")); 3];
     // A count of 1 and a line's arguments, but 3 keys.
-    for (script, args) in [(&scripts::DEDUCT_BATCH, 8), (&scripts::ROLLBACK_BATCH, 7)] {
+    for (script, args) in [
+        (&scripts::DEDUCT_BATCH, 8),
+        (&scripts::ROLLBACK_BATCH, 7),
+        (&scripts::RELEASE_BATCH, 4),
+    ] {
         let err = r
             .eval(script.body, keys.clone(), vec!["1".into(); args])
             .await
@@ -366,6 +370,109 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
             "\"applied\"",
             "\"customer\"",
             "no_deduction",
+            "error BADARG",
+            "error CORRUPT",
+        ] {
+            assert!(
+                expected.iter().any(|e| e.contains(needle)),
+                "seed {seed_value}: the lines meet {needle}: {expected:?}"
+            );
+        }
+        assert_eq!(
+            strip(&one.dump().await, &one.prefix),
+            strip(&many.dump().await, &many.prefix),
+            "seed {seed_value}: the same keys afterwards"
+        );
+    }
+}
+
+/// Release `i` for `r`'s prefix, over the orders `line` placed: the
+/// deducting event, an event absorbed into another's record, an event that
+/// holds nothing, a customer other than the record's (answered with the
+/// stored one), a missing, paused and corrupt promotion, a malformed
+/// argument; events repeat (a release run twice). Few events, so that
+/// one batch often holds two releases of one record, whose order matters.
+fn release_line(r: &TestRedis, rng: &mut StdRng) -> Call {
+    let promos = [
+        "scarce", "roomy", "roomy", "roomy", "paused", "missing", "broken",
+    ];
+    let p = promos[rng.random_range(0..promos.len())];
+    let e = rng.random_range(0..12);
+    let o = if rng.random_bool(0.2) { e + 1 } else { e };
+    let c = if rng.random_bool(0.5) {
+        e % 7
+    } else {
+        rng.random_range(0..7)
+    };
+    let ttl = if rng.random_bool(0.03) { "0" } else { "1000" }; // "0": BADARG
+    Call {
+        script: &scripts::RELEASE,
+        keys: r
+            .keys()
+            .deduct_line(
+                &id(p),
+                &id(&format!("o{o}")),
+                &id(&format!("c{c}")),
+                &id(&format!("e{e}")),
+            )
+            .as_vec(),
+        args: vec![format!("e{e}"), ttl.to_owned(), format!("c{c}")],
+    }
+}
+
+/// release_batch.lua against release.lua: the same deductions (and some
+/// refunds, whose records a release keeps as tombstones) on two key
+/// prefixes, then the same random releases (`release_line`) run once line
+/// by line through release.lua and once in random batches of 1 to 9
+/// through release_batch.lua. Every line's reply (or error) and every key
+/// afterwards must be the same.
+#[tokio::test]
+async fn a_release_batch_decides_every_line_as_release_lua_one_by_one() {
+    for seed_value in [21_u64, 22, 23] {
+        let one = standalone().await;
+        let many = standalone().await;
+        let mut calls = Vec::new();
+        for r in [&one, &many] {
+            seed(r).await;
+            let mut rng = StdRng::seed_from_u64(seed_value);
+            for i in 0..80 {
+                let c = line(r, i, &mut rng);
+                let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
+            }
+            for i in 0..20 {
+                let c = refund_line(r, i, &mut rng, false);
+                let _ = r.eval(scripts::ROLLBACK.body, c.keys, c.args).await;
+            }
+            calls.push(
+                (0..160)
+                    .map(|_| release_line(r, &mut rng))
+                    .collect::<Vec<Call>>(),
+            );
+        }
+        let (singles, batched) = (calls.remove(0), calls.remove(0));
+        let (expected, got, sizes) = one_by_one_and_batched(
+            &one,
+            singles,
+            &many,
+            &batched,
+            calls::release_batch,
+            seed_value + 100,
+        )
+        .await;
+        assert!(
+            sizes.iter().any(|&k| k > 1),
+            "some batches hold several lines"
+        );
+        for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
+            assert_eq!(
+                a, b,
+                "seed {seed_value}, line {i}: release.lua vs release_batch.lua"
+            );
+        }
+        for needle in [
+            "[Integer(1)]",
+            "[Integer(0)]",
+            "Integer(-1)",
             "error BADARG",
             "error CORRUPT",
         ] {
