@@ -296,6 +296,36 @@ async fn throughput(
     let child = proc::spawn(&ctx.opts.deductor, &args, &ctx.log(&tag), Some(port))?;
     let last_metrics = child.last_metrics();
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
+    // A live reader marks the CPU of the service, Redis and the broker at
+    // the first and the last outcome, as for the Spring service
+    // (spring.rs): issue 27's table compares both over that window, each
+    // with the same reader at work beside it. (The figures over the
+    // process's life, start and drain detection included, stay below.)
+    let marks = {
+        let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
+        let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
+        let partitions = ctx.opts.partitions;
+        tokio::task::spawn_blocking(move || {
+            let (mut first, mut last) = (None, None);
+            kafka::read_live_with(
+                &brokers,
+                &topic,
+                partitions,
+                &prefix,
+                n as usize,
+                timeout,
+                |seen| {
+                    if seen == 1 {
+                        first = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
+                    }
+                    if seen == n as usize {
+                        last = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
+                    }
+                },
+            )
+            .map(|_| first.zip(last))
+        })
+    };
     let usage = blocking(move || child.wait(timeout)).await?;
     let metrics_text = last_metrics
         .lock()
@@ -323,6 +353,13 @@ async fn throughput(
     run.batch_calls_lines = proc::histogram_totals(&metrics_text, "deductor_batch_lines")
         .map(|(sum, count)| (count, sum));
     run.redis_memory_growth_b = Some(memory1 as i64 - memory0 as i64);
+    // Every outcome is in the topic by now (the service drained and
+    // exited), so the reader is done or about to be.
+    match marks.await? {
+        Ok(Some((first, last))) => run.window = Some(last.since(&first)),
+        Ok(None) => eprintln!("bench: {label}: the live reader missed outcomes; no window"),
+        Err(e) => eprintln!("bench: {label}: the live reader failed ({e:#}); no window"),
+    }
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
         run.events_per_s, run.cpu_per_1k, run.max_rss_mib
@@ -389,6 +426,7 @@ fn summarize(
         stages_ms: BTreeMap::new(),
         redis_memory_growth_b: None,
         batch_calls_lines: None,
+        window: None,
     })
 }
 

@@ -254,6 +254,36 @@ impl Child {
 }
 
 /// CPU seconds (user + system) a process has used so far; 0 if unreadable.
+/// The CPU seconds of the service, Redis and the broker at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    pub at: Instant,
+    pub service: f64,
+    pub redis: f64,
+    pub kafka: f64,
+}
+
+impl Mark {
+    pub fn now(service: i32, redis: Option<i32>, kafka: Option<i32>) -> Mark {
+        Mark {
+            at: Instant::now(),
+            service: cpu_seconds(Some(service)),
+            redis: cpu_seconds(redis),
+            kafka: cpu_seconds(kafka),
+        }
+    }
+
+    /// The CPU each used from `first` to `self`.
+    pub fn since(&self, first: &Mark) -> crate::report::Window {
+        crate::report::Window {
+            wall_s: (self.at - first.at).as_secs_f64().max(0.001),
+            service_s: self.service - first.service,
+            redis_s: self.redis - first.redis,
+            kafka_s: self.kafka - first.kafka,
+        }
+    }
+}
+
 pub fn cpu_seconds(pid: Option<i32>) -> f64 {
     let Some(pid) = pid else { return 0.0 };
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -10,7 +10,7 @@
 //! whole process's, like deductor's.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 
@@ -59,26 +59,6 @@ pub fn part(mode: Mode, w: Workload) -> &'static str {
     match w {
         Workload::Spread => mode.part(),
         Workload::Hot => "spring-hot",
-    }
-}
-
-/// CPU seconds of the service, Redis and the broker at one moment.
-#[derive(Debug, Clone, Copy)]
-struct Mark {
-    at: Instant,
-    service: f64,
-    redis: f64,
-    kafka: f64,
-}
-
-impl Mark {
-    fn now(service: i32, redis: Option<i32>, kafka: Option<i32>) -> Mark {
-        Mark {
-            at: Instant::now(),
-            service: proc::cpu_seconds(Some(service)),
-            redis: proc::cpu_seconds(redis),
-            kafka: proc::cpu_seconds(kafka),
-        }
     }
 }
 
@@ -148,10 +128,10 @@ pub async fn throughput(
             timeout,
             |seen| {
                 if seen == 1 {
-                    first = Some(Mark::now(pid, redis_pid, kafka_pid));
+                    first = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
                 }
                 if seen == n as usize {
-                    last = Some(Mark::now(pid, redis_pid, kafka_pid));
+                    last = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
                 }
             },
         )?;
@@ -195,6 +175,7 @@ pub async fn throughput(
         &[],
     )?;
     run.redis_memory_growth_b = Some(memory1 as i64 - memory0 as i64);
+    run.window = Some(last.since(&first));
     eprintln!(
         "bench: {label}: {:.0} events/s, {:.3} CPU s per 1,000 events, peak RSS {:.1} MiB",
         run.events_per_s, run.cpu_per_1k, run.max_rss_mib
