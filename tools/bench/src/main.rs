@@ -57,6 +57,11 @@ pub struct Opts {
     /// Partitions of the order topic.
     #[arg(long, default_value_t = 12)]
     partitions: i32,
+    /// Partitions of the outcome topic (default: --partitions). librdkafka
+    /// sends one ProduceRequest per partition, so this sets how many
+    /// produce requests the outcomes take.
+    #[arg(long)]
+    outcome_partitions: Option<i32>,
     /// Events of the depth-1 baseline run (default: --events).
     #[arg(long)]
     baseline_events: Option<u64>,
@@ -126,6 +131,13 @@ pub struct Opts {
     otlp_sink: bool,
 }
 
+impl Opts {
+    /// The outcome topic's partitions: `--outcome-partitions`, else `--partitions`.
+    fn outcome_partitions(&self) -> i32 {
+        self.outcome_partitions.unwrap_or(self.partitions)
+    }
+}
+
 struct Ctx {
     opts: Opts,
     redis: redis::Redis,
@@ -150,7 +162,7 @@ impl Ctx {
         let input = format!("bench-{tag}");
         let out = format!("bench-{tag}-out");
         let dlq = format!("bench-{tag}-dlq");
-        let p = self.opts.partitions;
+        let (p, po) = (self.opts.partitions, self.opts.outcome_partitions());
         let topic = |name, partitions, append_time| topics::Topic {
             name,
             partitions,
@@ -160,7 +172,7 @@ impl Ctx {
             &self.opts.brokers,
             &[
                 topic(&input, p, input_append_time),
-                topic(&out, p, true),
+                topic(&out, po, true),
                 topic(&dlq, 1, false),
             ],
             Duration::from_secs(30),
@@ -304,7 +316,7 @@ async fn throughput(
     let marks = {
         let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
         let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
-        let partitions = ctx.opts.partitions;
+        let partitions = ctx.opts.outcome_partitions();
         tokio::task::spawn_blocking(move || {
             let (mut first, mut last) = (None, None);
             kafka::read_live_with(
@@ -455,7 +467,7 @@ async fn latency(
     // Warm-up: the group is joined and the scripts are cached before the
     // measured events start.
     eprintln!("bench: latency: warming up");
-    let (brokers, parts) = (ctx.opts.brokers.clone(), ctx.opts.partitions);
+    let (brokers, parts) = (ctx.opts.brokers.clone(), ctx.opts.outcome_partitions());
     let warm = format!("{tag}w");
     {
         let (b, i, o, w) = (brokers.clone(), input.clone(), out.clone(), warm.clone());

@@ -115,7 +115,7 @@ pub async fn throughput(
     let child = proc::spawn(&ctx.opts.java, &args, &ctx.log(&tag), None)?;
     let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
     let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
-    let partitions = ctx.opts.partitions;
+    let partitions = ctx.opts.outcome_partitions();
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
     let read = blocking(move || {
         let (mut first, mut last) = (None, None);
