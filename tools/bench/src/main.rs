@@ -226,6 +226,45 @@ impl Ctx {
 }
 
 /// CPU seconds of Redis and Kafka over a run.
+/// The outcomes of run `tag` (`n`, from topic `out`) read as they arrive,
+/// and the CPU of the service `pid`, Redis and the broker marked at the
+/// first and the last of them (None when fewer came within `timeout`).
+fn read_marked(
+    ctx: &Ctx,
+    pid: i32,
+    out: &str,
+    tag: &str,
+    n: u64,
+    timeout: Duration,
+) -> impl std::future::Future<Output = anyhow::Result<MarkedOutcomes>> + Send + 'static {
+    let (redis_pid, kafka_pid) = (ctx.redis_pid, ctx.opts.kafka_pid);
+    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.to_owned(), tag.to_owned());
+    let partitions = ctx.opts.outcome_partitions();
+    blocking(move || {
+        let (mut first, mut last) = (None, None);
+        let mark = || proc::Mark::now(pid, redis_pid, kafka_pid);
+        let outcomes = kafka::read_live_with(
+            &brokers,
+            &topic,
+            partitions,
+            &prefix,
+            n as usize,
+            timeout,
+            |seen| {
+                if seen == 1 {
+                    first = Some(mark());
+                }
+                if seen == n as usize {
+                    last = Some(mark());
+                }
+            },
+        )?;
+        Ok((outcomes, first.zip(last)))
+    })
+}
+
+type MarkedOutcomes = (Vec<kafka::OutcomeRec>, Option<(proc::Mark, proc::Mark)>);
+
 struct Servers {
     redis0: f64,
     kafka0: f64,
@@ -313,31 +352,7 @@ async fn throughput(
     // (spring.rs): issue 27's table compares both over that window, each
     // with the same reader at work beside it. (The figures over the
     // process's life, start and drain detection included, stay below.)
-    let marks = {
-        let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
-        let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
-        let partitions = ctx.opts.outcome_partitions();
-        tokio::task::spawn_blocking(move || {
-            let (mut first, mut last) = (None, None);
-            kafka::read_live_with(
-                &brokers,
-                &topic,
-                partitions,
-                &prefix,
-                n as usize,
-                timeout,
-                |seen| {
-                    if seen == 1 {
-                        first = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
-                    }
-                    if seen == n as usize {
-                        last = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
-                    }
-                },
-            )
-            .map(|_| first.zip(last))
-        })
-    };
+    let marks = tokio::spawn(read_marked(ctx, child.pid(), &out, &tag, n, timeout));
     let usage = blocking(move || child.wait(timeout)).await?;
     let metrics_text = last_metrics
         .lock()
@@ -368,8 +383,8 @@ async fn throughput(
     // Every outcome is in the topic by now (the service drained and
     // exited), so the reader is done or about to be.
     match marks.await? {
-        Ok(Some((first, last))) => run.window = Some(last.since(&first)),
-        Ok(None) => eprintln!("bench: {label}: the live reader missed outcomes; no window"),
+        Ok((_, Some((first, last)))) => run.window = Some(last.since(&first)),
+        Ok((_, None)) => eprintln!("bench: {label}: the live reader missed outcomes; no window"),
         Err(e) => eprintln!("bench: {label}: the live reader failed ({e:#}); no window"),
     }
     eprintln!(

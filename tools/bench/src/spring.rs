@@ -17,7 +17,7 @@ use anyhow::{bail, Context as _};
 use crate::proc::{self, Usage};
 use crate::report::Run;
 use crate::workload::{self, Workload};
-use crate::{backlog, blocking, kafka, summarize, Ctx};
+use crate::{backlog, blocking, read_marked, summarize, Ctx};
 
 /// How the Spring service consumes (`bench.mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,36 +113,13 @@ pub async fn throughput(
     ctx.redis.reset_stats().await?;
     let memory0 = ctx.redis.used_memory().await?;
     let child = proc::spawn(&ctx.opts.java, &args, &ctx.log(&tag), None)?;
-    let (pid, redis_pid, kafka_pid) = (child.pid(), ctx.redis_pid, ctx.opts.kafka_pid);
-    let (brokers, topic, prefix) = (ctx.opts.brokers.clone(), out.clone(), tag.clone());
-    let partitions = ctx.opts.outcome_partitions();
     let timeout = Duration::from_secs(ctx.opts.timeout_s);
-    let read = blocking(move || {
-        let (mut first, mut last) = (None, None);
-        let outcomes = kafka::read_live_with(
-            &brokers,
-            &topic,
-            partitions,
-            &prefix,
-            n as usize,
-            timeout,
-            |seen| {
-                if seen == 1 {
-                    first = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
-                }
-                if seen == n as usize {
-                    last = Some(proc::Mark::now(pid, redis_pid, kafka_pid));
-                }
-            },
-        )?;
-        Ok((outcomes, first, last))
-    })
-    .await;
+    let read = read_marked(ctx, child.pid(), &out, &tag, n, timeout).await;
     child.terminate();
     let usage = blocking(move || child.wait(Duration::from_secs(60))).await;
-    let (outcomes, first, last) = read?;
+    let (outcomes, marks) = read?;
     let usage = usage?;
-    let (Some(first), Some(last)) = (first, last) else {
+    let Some((first, last)) = marks else {
         bail!(
             "run {label}: {} of {n} events had an outcome within {timeout:?}; see {}",
             outcomes.len(),

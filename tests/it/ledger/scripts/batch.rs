@@ -347,43 +347,56 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
             );
         }
         let (singles, batched) = (replies.remove(0), replies.remove(0));
-        let (expected, got, sizes) = one_by_one_and_batched(
-            &one,
-            singles,
-            &many,
-            &batched,
-            calls::rollback_batch,
-            seed_value + 100,
-        )
-        .await;
-        assert!(
-            sizes.iter().any(|&k| k > 1),
-            "some batches hold several lines"
-        );
-        for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
-            assert_eq!(
-                a, b,
-                "seed {seed_value}, line {i}: rollback.lua vs rollback_batch.lua"
-            );
-        }
-        for needle in [
+        let needles = [
             "\"applied\"",
             "\"customer\"",
             "no_deduction",
             "error BADARG",
             "error CORRUPT",
-        ] {
-            assert!(
-                expected.iter().any(|e| e.contains(needle)),
-                "seed {seed_value}: the lines meet {needle}: {expected:?}"
-            );
-        }
+        ];
+        let build = calls::rollback_batch;
+        same_one_by_one_and_batched(&one, singles, &many, &batched, build, seed_value, &needles)
+            .await;
+    }
+}
+
+/// [`one_by_one_and_batched`] with batch sizes from `seed_value + 100`,
+/// then: some batch holds several lines, every line's element is the same
+/// as its own call's reply, the replies meet each of `needles`, and both
+/// servers hold the same keys afterwards.
+async fn same_one_by_one_and_batched(
+    one: &TestRedis,
+    singles: Vec<Call>,
+    many: &TestRedis,
+    batched: &[Call],
+    build: fn(Vec<Call>) -> Call,
+    seed_value: u64,
+    needles: &[&str],
+) {
+    let single = singles.first().map_or("?", |c| c.script.name);
+    let (expected, got, sizes) =
+        one_by_one_and_batched(one, singles, many, batched, build, seed_value + 100).await;
+    assert!(
+        sizes.iter().any(|&k| k > 1),
+        "some batches hold several lines"
+    );
+    for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
         assert_eq!(
-            strip(&one.dump().await, &one.prefix),
-            strip(&many.dump().await, &many.prefix),
-            "seed {seed_value}: the same keys afterwards"
+            a, b,
+            "seed {seed_value}, line {i}: {single} one by one vs batched"
         );
     }
+    for needle in needles {
+        assert!(
+            expected.iter().any(|e| e.contains(needle)),
+            "seed {seed_value}: the lines meet {needle}: {expected:?}"
+        );
+    }
+    assert_eq!(
+        strip(&one.dump().await, &one.prefix),
+        strip(&many.dump().await, &many.prefix),
+        "seed {seed_value}: the same keys afterwards"
+    );
 }
 
 /// Release `i` for `r`'s prefix, over the orders `line` placed: the
@@ -450,41 +463,15 @@ async fn a_release_batch_decides_every_line_as_release_lua_one_by_one() {
             );
         }
         let (singles, batched) = (calls.remove(0), calls.remove(0));
-        let (expected, got, sizes) = one_by_one_and_batched(
-            &one,
-            singles,
-            &many,
-            &batched,
-            calls::release_batch,
-            seed_value + 100,
-        )
-        .await;
-        assert!(
-            sizes.iter().any(|&k| k > 1),
-            "some batches hold several lines"
-        );
-        for (i, (a, b)) in expected.iter().zip(&got).enumerate() {
-            assert_eq!(
-                a, b,
-                "seed {seed_value}, line {i}: release.lua vs release_batch.lua"
-            );
-        }
-        for needle in [
+        let needles = [
             "[Integer(1)]",
             "[Integer(0)]",
             "Integer(-1)",
             "error BADARG",
             "error CORRUPT",
-        ] {
-            assert!(
-                expected.iter().any(|e| e.contains(needle)),
-                "seed {seed_value}: the lines meet {needle}: {expected:?}"
-            );
-        }
-        assert_eq!(
-            strip(&one.dump().await, &one.prefix),
-            strip(&many.dump().await, &many.prefix),
-            "seed {seed_value}: the same keys afterwards"
-        );
+        ];
+        let build = calls::release_batch;
+        same_one_by_one_and_batched(&one, singles, &many, &batched, build, seed_value, &needles)
+            .await;
     }
 }
