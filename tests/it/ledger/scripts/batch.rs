@@ -269,6 +269,18 @@ async fn a_memo_batch_reads_every_key_as_memo_lua() {
     }
 }
 
+/// `r` seeded, then 80 random placement lines (`line`) run through
+/// deduct.lua; the generator, to go on with.
+async fn placed(r: &TestRedis, seed_value: u64) -> StdRng {
+    seed(r).await;
+    let mut rng = StdRng::seed_from_u64(seed_value);
+    for i in 0..80 {
+        let c = line(r, i, &mut rng);
+        let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
+    }
+    rng
+}
+
 /// Refund line `i` for `r`'s prefix, over the orders `line` placed: full
 /// and partial refunds, refund events that repeat (redeliveries), a
 /// customer other than the deduction's, orders with no deduction, a missing,
@@ -333,12 +345,7 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
         let many = standalone().await;
         let mut replies = Vec::new();
         for r in [&one, &many] {
-            seed(r).await;
-            let mut rng = StdRng::seed_from_u64(seed_value);
-            for i in 0..80 {
-                let c = line(r, i, &mut rng);
-                let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
-            }
+            placed(r, seed_value).await;
             let mut rng = StdRng::seed_from_u64(seed_value + 1);
             replies.push(
                 (0..160)
@@ -446,12 +453,7 @@ async fn a_release_batch_decides_every_line_as_release_lua_one_by_one() {
         let many = standalone().await;
         let mut calls = Vec::new();
         for r in [&one, &many] {
-            seed(r).await;
-            let mut rng = StdRng::seed_from_u64(seed_value);
-            for i in 0..80 {
-                let c = line(r, i, &mut rng);
-                let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
-            }
+            let mut rng = placed(r, seed_value).await;
             for i in 0..20 {
                 let c = refund_line(r, i, &mut rng, false);
                 let _ = r.eval(scripts::ROLLBACK.body, c.keys, c.args).await;
