@@ -5,7 +5,8 @@
 //!
 //! - `ledger`: the Lua scripts through the `Ledger` API on standalone Redis,
 //!   the Cluster and replicated Redis (their own servers), the model and the
-//!   script fuzzer;
+//!   script fuzzer, and the bucket protocol's model (pure: issue 28's
+//!   design, docs/buckets.md);
 //! - `service`: the service in-process or as a child process, end to end
 //!   through Kafka, under faults and outages, its metrics and security;
 //! - `ops`: the `deductor` binary as an operator uses it;
@@ -21,6 +22,7 @@ mod common;
 mod contract;
 
 mod ledger {
+    mod buckets;
     mod cluster;
     mod edges;
     mod interleaving;
