@@ -240,6 +240,18 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
             });
         }
     };
+    // What the sweeper knows: the operator's transfers.
+    let transfers: BTreeMap<Ev, (usize, usize, i64)> = c
+        .acts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Act::Transfer { from, to, n } if from % c.k != to % c.k => {
+                Some((ev(i), (from % c.k, to % c.k, *n)))
+            }
+            _ => None,
+        })
+        .collect();
     let mut steps = 0u64;
     let mut tick = 0usize;
     // (delivery, steps left): a burst runs one delivery several steps in a
@@ -258,6 +270,13 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
                 break;
             }
             continue;
+        }
+        // The service's sweeper runs now and then (gifts a crashed zombie
+        // left after its event was decided hold units and block juniors
+        // until it does).
+        if tick % 20 == 0 {
+            l.sweep(&transfers);
+            check_step(&l)?;
         }
         prop_assert!(
             steps < 5_000,
@@ -402,17 +421,6 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
     }
 
     // The sweeper settles what crashed deliveries left in transit.
-    let transfers: BTreeMap<Ev, (usize, usize, i64)> = c
-        .acts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, a)| match a {
-            Act::Transfer { from, to, n } if from % c.k != to % c.k => {
-                Some((ev(i), (from % c.k, to % c.k, *n)))
-            }
-            _ => None,
-        })
-        .collect();
     l.sweep(&transfers);
     check_step(&l)?;
     check_reservations(&l)?;
@@ -488,7 +496,7 @@ fn the_bucket_protocol_keeps_every_promise() {
     });
     let result = runner.run(&case(), |c| run_case(&c, Mutant::None));
     println!(
-        "bucket protocol model: {} cases, {} steps, {} crashes, {} zombie deliveries, {} lines that gathered, {} short by the fast path, {} short after a gather, {} gather restarts, {} transfers, {} refunds applied",
+        "bucket protocol model: {} cases, {} steps, {} crashes, {} zombie deliveries, {} lines that gathered units, {} short by the fast path, {} short after a gather, {} gather restarts, {} transfers, {} refunds applied",
         CASES.load(Ordering::Relaxed),
         STEPS.load(Ordering::Relaxed),
         CRASHES.load(Ordering::Relaxed),
@@ -515,9 +523,8 @@ fn the_bucket_protocol_keeps_every_promise() {
 fn each_mutant_of_the_bucket_protocol_is_caught() {
     for mutant in [
         Mutant::NoShortMemo,
-        Mutant::NoValidate,
+        Mutant::RejectIgnoresNotify,
         Mutant::NoPendingMark,
-        Mutant::BoundIgnoresNotify,
         Mutant::NoGiftMemo,
     ] {
         let mut runner = TestRunner::new(Config {
@@ -551,7 +558,7 @@ fn flash_sale_calls() {
 
     for in_flight in [1usize, 16] {
         println!("\n{in_flight} in flight:\n");
-        println!("| K | calls per event, all buckets | busiest bucket's calls per event | lines that took the slow path | short by the fast path | short after a gather | restarts and polls | false sold-outs | units unsold at the end | unsold after one more line on each bucket |");
+        println!("| K | calls per event, all buckets | busiest bucket's calls per event | lines that gathered units | short by the fast path | short after a gather | restarts and polls | false sold-outs | units unsold at the end | unsold after one more line on each bucket |");
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for k in [1usize, 2, 3, 10, 30] {
             let mut rng = fastrand::Rng::with_seed(28);

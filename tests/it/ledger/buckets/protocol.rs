@@ -39,13 +39,12 @@ pub enum Mutant {
     None,
     /// The final rejection after a gather writes no memo.
     NoShortMemo,
-    /// A gather rejects without the validation pass.
-    NoValidate,
+    /// A gather rejects although a notification came in while it looked
+    /// (units were on their way somewhere it had already looked at).
+    RejectIgnoresNotify,
     /// A refund adds its units without marking the bucket and notifying
     /// the others first.
     NoPendingMark,
-    /// A gather writes its bound whatever notifications came in between.
-    BoundIgnoresNotify,
     /// A give takes units but leaves no gift memo (the "moved on" memo of
     /// the issue: nothing says where they went).
     NoGiftMemo,
@@ -356,7 +355,6 @@ pub enum Report {
 enum PStep {
     Hop1,
     Peek(usize),
-    Validate(usize),
     FinalReject,
     Give(usize),
     FinalAccept,
@@ -395,6 +393,11 @@ pub struct Place {
     junior: bool,
     /// What attempt `a` holds in each other bucket.
     mine: BTreeMap<usize, i64>,
+    /// Other buckets where this event may hold gifts: where it gave, and
+    /// where a look found gifts of it (an earlier delivery's). The cleanup
+    /// visits these; gifts a crashed zombie left elsewhere are the
+    /// sweeper's.
+    holds_at: BTreeSet<usize>,
     credited: Vec<Credit>,
     outcome: Option<Placed>,
     cleanup: bool,
@@ -419,6 +422,7 @@ impl Place {
             pending_seen: false,
             junior: false,
             mine: BTreeMap::new(),
+            holds_at: BTreeSet::new(),
             credited: Vec::new(),
             outcome: None,
             cleanup: false,
@@ -458,11 +462,11 @@ impl Place {
         self.after_decision(l)
     }
 
-    fn after_decision(&mut self, l: &Ledger) -> Report {
+    fn after_decision(&mut self, _l: &Ledger) -> Report {
         let outcome = self.outcome.unwrap_or(Placed::Short);
-        if l.k() > 1 && l.b[self.home].attempt.contains_key(&self.ev) {
+        if let Some(&j) = self.holds_at.iter().next() {
             self.cleanup = true;
-            self.step = PStep::Cleanup(0);
+            self.step = PStep::Cleanup(j);
             Report::Running
         } else {
             Report::Done(Outcome::Placed(outcome))
@@ -619,6 +623,9 @@ impl Place {
                 let b = &l.b[j];
                 self.peeks
                     .push((j, b.avail, b.held + b.tentative, b.incr, b.holds(self.ev)));
+                if b.holds(self.ev) {
+                    self.holds_at.insert(j);
+                }
                 self.pending_seen |= !b.pending.is_empty();
                 self.junior |= b.senior_holds(self.ev);
                 if i + 2 < k {
@@ -638,25 +645,9 @@ impl Place {
                     };
                 } else if self.pending_seen {
                     return self.wait();
-                } else if l.mutant == Mutant::NoValidate {
+                } else {
                     self.step = PStep::FinalReject;
-                } else {
-                    self.step = PStep::Validate(0);
                 }
-                Report::Running
-            }
-            PStep::Validate(i) => {
-                let (j, _, _, incr, _) = self.peeks[i];
-                l.touch(j);
-                let b = &l.b[j];
-                if b.incr != incr || !b.pending.is_empty() {
-                    return self.restart();
-                }
-                self.step = if i + 1 < self.peeks.len() {
-                    PStep::Validate(i + 1)
-                } else {
-                    PStep::FinalReject
-                };
                 Report::Running
             }
             PStep::FinalReject => {
@@ -667,18 +658,22 @@ impl Place {
                 let mutant = l.mutant;
                 let bound: i64 = self.peeks.iter().map(|p| p.1 + p.2).sum();
                 let b = &mut l.b[self.home];
+                // Every way units reach a bucket (a refund, a transfer)
+                // notifies every other bucket before they arrive, and marks
+                // the bucket they go to: a line whose home heard nothing
+                // while it looked saw every unit there was.
+                let heard = b.notify != self.notify0 && mutant != Mutant::RejectIgnoresNotify;
                 if b.attempt.get(&self.ev) != Some(&self.a)
                     || b.incr != self.incr0
                     || !b.pending.is_empty()
+                    || heard
                 {
                     return self.restart();
                 }
                 if mutant != Mutant::NoShortMemo {
                     b.memos.insert(self.ev, Placed::Short);
                 }
-                if b.notify == self.notify0 || mutant == Mutant::BoundIgnoresNotify {
-                    b.bound = Some(bound);
-                }
+                b.bound = Some(bound);
                 let _ = self.finish(l, Placed::Short, Vec::new());
                 Report::Short { fast: false }
             }
@@ -694,6 +689,7 @@ impl Place {
                     l.touch(j);
                     let (total, senior) = l.give(j, self.ev, self.a, missing, self.home);
                     self.mine.insert(j, total);
+                    self.holds_at.insert(j);
                     if senior {
                         self.step = PStep::Yield;
                     }
@@ -823,13 +819,12 @@ impl Place {
                 }
                 self.after_decision(l)
             }
-            PStep::Cleanup(i) => {
-                let j = self.other(l, i);
+            PStep::Cleanup(j) => {
                 l.touch(j);
                 let credited = self.credited.clone();
                 l.settle_event(j, self.ev, &credited);
-                if i + 2 < k {
-                    self.step = PStep::Cleanup(i + 1);
+                if let Some(&next) = self.holds_at.range(j + 1..).next() {
+                    self.step = PStep::Cleanup(next);
                     return Report::Running;
                 }
                 Report::Done(Outcome::Placed(self.outcome.unwrap_or(Placed::Short)))
