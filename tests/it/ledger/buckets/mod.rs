@@ -78,6 +78,19 @@ enum Run {
     Transfer(Transfer),
 }
 
+impl Run {
+    fn step(&mut self, l: &mut Ledger) -> Report {
+        match self {
+            Run::Place(p) => p.step(l),
+            Run::Refund(r) => r.step(l),
+            Run::Transfer(t) => match t.step(l) {
+                Some(()) => Report::Done(Outcome::Moved),
+                None => Report::Running,
+            },
+        }
+    }
+}
+
 struct Live {
     /// A serial number of the delivery.
     id: u64,
@@ -328,14 +341,7 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
         }
         steps += 1;
         let before = format!("{:?}", me.run);
-        let report = match &mut me.run {
-            Run::Place(p) => p.step(&mut l),
-            Run::Refund(r) => r.step(&mut l),
-            Run::Transfer(t) => match t.step(&mut l) {
-                Some(()) => Report::Done(Outcome::Moved),
-                None => Report::Running,
-            },
-        };
+        let report = me.run.step(&mut l);
         let total = l.strict_total();
         for other in live.iter_mut().filter(|x| x.started) {
             other.min_total = other.min_total.min(total);
@@ -588,11 +594,7 @@ fn flash_sale_calls() {
                 if matches!(&live[i].0, Run::Place(p) if p.waiting()) && rng.u8(0..8) != 0 {
                     continue;
                 }
-                let report = match &mut live[i].0 {
-                    Run::Place(p) => p.step(&mut l),
-                    Run::Refund(r) => r.step(&mut l),
-                    Run::Transfer(_) => unreachable!("no transfers here"),
-                };
+                let report = live[i].0.step(&mut l);
                 let total = l.strict_total();
                 for x in live.iter_mut() {
                     x.1 = x.1.min(total);

@@ -324,6 +324,19 @@ impl Bucket {
             .any(|(_, (g, _))| matches!(g, Gift::Given(x) if *x > 0))
     }
 
+    /// Release order O's reservation, if it holds one (idempotent: the
+    /// entry stays, released, so a late delivery cannot take it again).
+    fn release(&mut self, order: Ev) {
+        if let Some((c, held)) = self.resv.get_mut(&order) {
+            if *held {
+                *held = false;
+                if let Some(u) = self.used.get_mut(c) {
+                    *u -= 1;
+                }
+            }
+        }
+    }
+
     /// Whether `id` holds units given here, in any attempt.
     fn holds(&self, id: Ev) -> bool {
         self.gifts
@@ -387,8 +400,8 @@ pub struct Place {
     notify0: u64,
     avail0: i64,
     held0: i64,
-    /// (bucket, avail, held, incr, this event holds units there)
-    peeks: Vec<(usize, i64, i64, u64, bool)>,
+    /// (bucket, avail, held or set aside, this event holds units there)
+    peeks: Vec<(usize, i64, i64, bool)>,
     pending_seen: bool,
     junior: bool,
     /// What attempt `a` holds in each other bucket.
@@ -429,6 +442,11 @@ impl Place {
             waiting: false,
             restarts: 0,
         }
+    }
+
+    /// What the other buckets held, as this attempt's looks saw it.
+    fn peeked(&self) -> i64 {
+        self.peeks.iter().map(|p| p.1 + p.2).sum()
     }
 
     fn other(&self, l: &Ledger, i: usize) -> usize {
@@ -622,7 +640,7 @@ impl Place {
                 l.touch(j);
                 let b = &l.b[j];
                 self.peeks
-                    .push((j, b.avail, b.held + b.tentative, b.incr, b.holds(self.ev)));
+                    .push((j, b.avail, b.held + b.tentative, b.holds(self.ev)));
                 if b.holds(self.ev) {
                     self.holds_at.insert(j);
                 }
@@ -632,8 +650,7 @@ impl Place {
                     self.step = PStep::Peek(i + 1);
                     return Report::Running;
                 }
-                let total =
-                    self.avail0 + self.held0 + self.peeks.iter().map(|p| p.1 + p.2).sum::<i64>();
+                let total = self.avail0 + self.held0 + self.peeked();
                 if total >= self.units {
                     // Enough units, some perhaps held by other lines: the
                     // lowest event id among those holding goes first, the
@@ -656,7 +673,7 @@ impl Place {
                     return r;
                 }
                 let mutant = l.mutant;
-                let bound: i64 = self.peeks.iter().map(|p| p.1 + p.2).sum();
+                let bound = self.peeked();
                 let b = &mut l.b[self.home];
                 // Every way units reach a bucket (a refund, a transfer)
                 // notifies every other bucket before they arrive, and marks
@@ -683,7 +700,7 @@ impl Place {
                     self.step = PStep::FinalAccept;
                     return Report::Running;
                 }
-                let (j, avail, _, _, mine) = self.peeks[i];
+                let (j, avail, _, mine) = self.peeks[i];
                 self.step = PStep::Give(i + 1);
                 if avail > 0 || mine {
                     l.touch(j);
@@ -808,15 +825,7 @@ impl Place {
             PStep::Unreserve => {
                 let hc = l.home(self.cust);
                 l.touch(hc);
-                let b = &mut l.b[hc];
-                if let Some((c, held)) = b.resv.get_mut(&self.ev) {
-                    if *held {
-                        *held = false;
-                        if let Some(u) = b.used.get_mut(c) {
-                            *u -= 1;
-                        }
-                    }
-                }
+                l.b[hc].release(self.ev);
                 self.after_decision(l)
             }
             PStep::Cleanup(j) => {
@@ -950,15 +959,7 @@ impl RefundRun {
             RStep::Release(customer, units) => {
                 let hc = l.home(customer);
                 l.touch(hc);
-                let b = &mut l.b[hc];
-                if let Some((c, held)) = b.resv.get_mut(&self.order) {
-                    if *held {
-                        *held = false;
-                        if let Some(u) = b.used.get_mut(c) {
-                            *u -= 1;
-                        }
-                    }
-                }
+                l.b[hc].release(self.order);
                 Report::Done(Outcome::Refund(Refund::Applied(units)))
             }
         }
