@@ -2,27 +2,177 @@
 //! and its atomic steps (what one Lua call on slot `{P~k}` will do), and the
 //! deliveries that walk them (what the service will do between calls).
 //!
-//! One dimension (units of stock) stands for both budget and stock: the
-//! rules are the same per dimension.
+//! Every amount has both dimensions, budget and stock (`Units`): a line
+//! needs both, from one bucket's units and the gifts it gathered, and a
+//! short line is rejected on the first dimension the whole promotion
+//! cannot cover, budget before stock (the contract's precedence).
+//!
+//! A placement is an order of one bucketed line, or of a bucketed line and
+//! a line of a plain (unbucketed) promotion in either order (`Order`):
+//! all or nothing, as docs/contract.md section 3 has it. When a line is
+//! rejected, the lines before it are released (`release.lua`'s rule: what
+//! the event deducted goes back, and the line is marked released so that a
+//! slower delivery of the event repeats the decision).
+//!
+//! Corrupt data: one bucket's counters (its hash `promo:{P~k}`) may turn
+//! unreadable for a while, until the operator repairs them (the model
+//! keeps the true values behind `Bucket::corrupt`). Records, memos, gift
+//! memos, reservations and the pending marks (a set of its own) are keys of
+//! their own and stay readable. A step
+//! that must read or write the counters of a corrupt bucket meets CORRUPT
+//! and writes nothing. What the delivery does then:
+//! - a step that decides (a line's first call at home, its final accept or
+//!   reject, a refund's first look) decides `corrupt_promotion` and
+//!   remembers it, as an unbucketed promotion does;
+//! - a look or a give at another bucket counts it as unknown: the line may
+//!   still be served from the healthy buckets, but it is never rejected
+//!   short (that would claim a sold-out nobody can tell): it is rejected
+//!   `corrupt_promotion` instead;
+//! - a step that finishes what a decision started (a settle, an undo, a
+//!   give-back, a cleanup, a refund's or a release's give-back, a
+//!   transfer's step) backs off and retries: it cannot be decided any other
+//!   way without losing or doubling units, and the repair lets it finish;
+//! - notifications skip a corrupt bucket; the repair clears its bound and
+//!   counts as a notification.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Add, AddAssign, Sub, SubAssign};
 
 pub type Ev = u32;
 pub type Cust = u32;
 
+/// An amount of budget and of stock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Units {
+    pub budget: i64,
+    pub stock: i64,
+}
+
+/// The dimension a short line is rejected on: `budget_exceeded` or
+/// `stock_insufficient`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Budget,
+    Stock,
+}
+
+impl Units {
+    pub const ZERO: Units = Units {
+        budget: 0,
+        stock: 0,
+    };
+
+    pub fn new(budget: i64, stock: i64) -> Units {
+        Units { budget, stock }
+    }
+
+    pub fn covers(self, need: Units) -> bool {
+        self.short_of(need).is_none()
+    }
+
+    /// The first dimension, budget before stock, in which `self` cannot
+    /// cover `need`.
+    pub fn short_of(self, need: Units) -> Option<Dim> {
+        if self.budget < need.budget {
+            Some(Dim::Budget)
+        } else if self.stock < need.stock {
+            Some(Dim::Stock)
+        } else {
+            None
+        }
+    }
+
+    pub fn get(self, d: Dim) -> i64 {
+        match d {
+            Dim::Budget => self.budget,
+            Dim::Stock => self.stock,
+        }
+    }
+
+    pub fn min(self, o: Units) -> Units {
+        Units::new(self.budget.min(o.budget), self.stock.min(o.stock))
+    }
+
+    pub fn max(self, o: Units) -> Units {
+        Units::new(self.budget.max(o.budget), self.stock.max(o.stock))
+    }
+
+    /// Each dimension at least 0.
+    pub fn pos(self) -> Units {
+        self.max(Units::ZERO)
+    }
+
+    pub fn any_pos(self) -> bool {
+        self.budget > 0 || self.stock > 0
+    }
+
+    pub fn any_neg(self) -> bool {
+        self.budget < 0 || self.stock < 0
+    }
+
+    /// `total` split over `k` buckets as `promo set --buckets K` will: the
+    /// first buckets take the remainder.
+    pub fn share(self, k: usize, i: usize) -> Units {
+        let part = |t: i64| t / k as i64 + i64::from((i as i64) < t % k as i64);
+        Units::new(part(self.budget), part(self.stock))
+    }
+}
+
+impl Add for Units {
+    type Output = Units;
+    fn add(self, o: Units) -> Units {
+        Units::new(self.budget + o.budget, self.stock + o.stock)
+    }
+}
+
+impl Sub for Units {
+    type Output = Units;
+    fn sub(self, o: Units) -> Units {
+        Units::new(self.budget - o.budget, self.stock - o.stock)
+    }
+}
+
+impl AddAssign for Units {
+    fn add_assign(&mut self, o: Units) {
+        *self = *self + o;
+    }
+}
+
+impl SubAssign for Units {
+    fn sub_assign(&mut self, o: Units) {
+        *self = *self - o;
+    }
+}
+
+impl std::iter::Sum for Units {
+    fn sum<I: Iterator<Item = Units>>(it: I) -> Units {
+        it.fold(Units::ZERO, |a, b| a + b)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placed {
-    Accepted(i64),
-    Short,
+    Accepted(Units),
+    /// Rejected `budget_exceeded` or `stock_insufficient`.
+    Short(Dim),
     Limit,
     Refunded,
+    /// Rejected `corrupt_promotion`: the line met a corrupt bucket.
+    Corrupt,
+    /// The plain line was short (an event's decision).
+    PlainShort,
+    /// A line's answer only, never an event's decision: the line was
+    /// released for the event's rejection on another line.
+    Released,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refund {
-    Applied(i64),
+    Applied(Units),
     NoDeduction,
     AlreadyReverted,
+    /// Rejected `corrupt_promotion` (the order's bucket was corrupt).
+    Corrupt,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +198,18 @@ pub enum Mutant {
     /// A give takes units but leaves no gift memo (the "moved on" memo of
     /// the issue: nothing says where they went).
     NoGiftMemo,
+    /// A release of a bucketed line gives its units back without marking
+    /// the bucket and notifying the others first.
+    NoReleaseMark,
+    /// A gather that met a corrupt bucket counts it as empty and may
+    /// reject the line short.
+    CorruptCountsAsEmpty,
+    /// A reservation counts the customer's freed slots (refunded or
+    /// released orders) as used.
+    ReserveCountsFreed,
+    /// A refused reservation leaves nothing behind: a zombie delivery of
+    /// the same order may take a slot after the refusal.
+    RefusalForgotten,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,50 +219,89 @@ pub enum Record {
     /// credited.
     Tentative {
         customer: Cust,
-        units: i64,
-        own: i64,
+        units: Units,
+        own: Units,
         credits: Vec<Credit>,
     },
     /// `credits`: every gift this deduction consumed.
     Deducted {
         customer: Cust,
-        units: i64,
+        units: Units,
         credits: Vec<Credit>,
     },
     Reverted {
         customer: Cust,
-        units: i64,
+        units: Units,
         credits: Vec<Credit>,
         by: Ev,
     },
     Tomb {
         by: Ev,
     },
+    /// Released for the event's rejection on another line: nothing
+    /// outstanding. `credits` stays, for the gifts' settlement.
+    Released {
+        customer: Cust,
+        units: Units,
+        credits: Vec<Credit>,
+    },
+}
+
+/// A record of the plain promotion Q (slot `{Q}`), by order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainRecord {
+    Deducted(i64),
+    /// Refunded after the event deducted it.
+    Reverted(i64),
+    /// A refund that found nothing: the order may not deduct here later.
+    Tomb,
+}
+
+/// The plain promotion of the mixed orders: one slot, each step one call.
+#[derive(Clone, Debug, Default)]
+pub struct Plain {
+    pub avail: i64,
+    pub initial: i64,
+    pub records: BTreeMap<Ev, PlainRecord>,
+    /// A line's rejection (`PlainShort`, `Refunded`) or `Released`, by event.
+    pub memos: BTreeMap<Ev, Placed>,
+}
+
+impl Plain {
+    pub fn deducted(&self) -> i64 {
+        self.records
+            .values()
+            .map(|r| match r {
+                PlainRecord::Deducted(u) => *u,
+                _ => 0,
+            })
+            .sum()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gift {
-    Given(i64),
-    Settled(i64),
+    Given(Units),
+    Settled(Units),
     Returned,
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct Bucket {
     /// Units this bucket can deduct now.
-    pub avail: i64,
+    pub avail: Units,
     /// Units given away (to a line's gather or a transfer), not yet settled
     /// or returned.
-    pub held: i64,
+    pub held: Units,
     /// Units set aside by tentative deductions (waiting for the
     /// customer's reservation).
-    pub tentative: i64,
+    pub tentative: Units,
     /// Bumped whenever `avail` rises.
     pub incr: u64,
     /// Bumped by every notification of an increase elsewhere.
     pub notify: u64,
     /// Upper bound on the other buckets' avail + held, while set.
-    pub bound: Option<i64>,
+    pub bound: Option<Units>,
     /// Ids (refunds, transfers) about to add units here.
     pub pending: BTreeSet<Ev>,
     /// Per-customer limit, at the customer's home bucket: the orders
@@ -109,6 +310,10 @@ pub struct Bucket {
     /// count of those holding one.
     pub used: BTreeMap<Cust, u32>,
     pub resv: BTreeMap<Ev, (Cust, bool)>,
+    /// Orders refused their reservation (`user_limit_reached` decided
+    /// here): a later delivery of the order is refused too, so no zombie
+    /// takes a slot for an order already rejected.
+    pub refused: BTreeSet<Ev>,
     /// Deduction records by order (= placement event id).
     pub records: BTreeMap<Ev, Record>,
     pub memos: BTreeMap<Ev, Placed>,
@@ -118,20 +323,23 @@ pub struct Bucket {
     /// Gifts given from here: (event or transfer, attempt) -> state, receiver.
     pub gifts: BTreeMap<(Ev, u32), (Gift, usize)>,
     /// Transfers credited here, with the units credited.
-    pub credited_in: BTreeMap<Ev, i64>,
+    pub credited_in: BTreeMap<Ev, Units>,
+    /// The counters are unreadable (corrupt data) until repaired.
+    pub corrupt: bool,
 }
 
 #[derive(Clone, Debug)]
 pub struct Ledger {
     pub b: Vec<Bucket>,
     pub limit: Option<u32>,
-    pub initial: i64,
+    pub initial: Units,
     /// Ghost state, not in Redis: units off every bucket's books, by
     /// (event or transfer, attempt, source).
-    pub transit: BTreeMap<(Ev, u32, usize), i64>,
+    pub transit: BTreeMap<(Ev, u32, usize), Units>,
     pub mutant: Mutant,
     /// Calls (Redis round trips) each bucket served: the cost model.
     pub calls: Vec<u64>,
+    pub plain: Plain,
 }
 
 impl Ledger {
@@ -139,25 +347,45 @@ impl Ledger {
         self.calls[j] += 1;
     }
 
-    pub fn new(k: usize, stock: i64, limit: Option<u32>, mutant: Mutant) -> Ledger {
+    pub fn new(k: usize, initial: Units, limit: Option<u32>, mutant: Mutant) -> Ledger {
         let mut b = vec![Bucket::default(); k];
         for (i, bucket) in b.iter_mut().enumerate() {
-            // Split as `promo set --buckets K` will: the first buckets take
-            // the remainder.
-            bucket.avail = stock / k as i64 + i64::from((i as i64) < stock % k as i64);
+            bucket.avail = initial.share(k, i);
         }
         Ledger {
             b,
             limit,
-            initial: stock,
+            initial,
             transit: BTreeMap::new(),
             mutant,
             calls: vec![0; k],
+            plain: Plain::default(),
         }
+    }
+
+    /// With a plain promotion of `stock` units beside the bucketed one.
+    pub fn with_plain(mut self, stock: i64) -> Ledger {
+        self.plain.avail = stock;
+        self.plain.initial = stock;
+        self
     }
 
     pub fn k(&self) -> usize {
         self.b.len()
+    }
+
+    /// Bucket j's counters turn unreadable.
+    pub fn corrupt(&mut self, j: usize) {
+        self.b[j].corrupt = true;
+    }
+
+    /// The operator repairs bucket j's counters: its bound goes (the
+    /// notifications it missed), as a notification would.
+    pub fn repair(&mut self, j: usize) {
+        let b = &mut self.b[j];
+        b.corrupt = false;
+        b.bound = None;
+        b.notify += 1;
     }
 
     /// The bucket that keeps customer C's reservations.
@@ -171,25 +399,25 @@ impl Ledger {
     }
 
     /// Units the promotion could still sell: in buckets and in transit.
-    pub fn strict_total(&self) -> i64 {
-        self.b.iter().map(|b| b.avail + b.tentative).sum::<i64>()
-            + self.transit.values().sum::<i64>()
+    pub fn strict_total(&self) -> Units {
+        self.b.iter().map(|b| b.avail + b.tentative).sum::<Units>()
+            + self.transit.values().copied().sum::<Units>()
     }
 
-    pub fn deducted(&self) -> i64 {
+    pub fn deducted(&self) -> Units {
         self.b
             .iter()
             .flat_map(|b| b.records.values())
             .map(|r| match r {
                 Record::Deducted { units, .. } => *units,
-                _ => 0,
+                _ => Units::ZERO,
             })
             .sum()
     }
 
     fn notify_all_but(&mut self, j: usize) {
         for (m, b) in self.b.iter_mut().enumerate() {
-            if m != j {
+            if m != j && !b.corrupt {
                 self.calls[m] += 1;
                 b.notify += 1;
                 b.bound = None;
@@ -201,7 +429,7 @@ impl Ledger {
     /// units, added to what (id, a) already holds here. Replies with the
     /// total (id, a) holds here and whether a line with a lower id holds
     /// units here too (then this line is the junior and yields).
-    fn give(&mut self, j: usize, id: Ev, a: u32, want: i64, receiver: usize) -> (i64, bool) {
+    fn give(&mut self, j: usize, id: Ev, a: u32, want: Units, receiver: usize) -> (Units, bool) {
         // A gift of an earlier attempt can never be credited (the home has
         // moved past it): a delivery that crashed before returning it left
         // it here. It goes back first.
@@ -221,14 +449,14 @@ impl Ledger {
             Some(Gift::Given(x)) => x,
             // Decided (settled) or yielded (returned): nothing more.
             Some(Gift::Settled(x)) => return (x, senior),
-            Some(Gift::Returned) => return (0, senior),
-            None => 0,
+            Some(Gift::Returned) => return (Units::ZERO, senior),
+            None => Units::ZERO,
         };
-        let g = b.avail.min(want).max(0);
+        let g = b.avail.min(want).pos();
         b.avail -= g;
         b.held += g;
-        if g > 0 {
-            *self.transit.entry((id, a, j)).or_insert(0) += g;
+        if g.any_pos() {
+            *self.transit.entry((id, a, j)).or_insert(Units::ZERO) += g;
         }
         if mutant == Mutant::NoGiftMemo {
             // The units leave, but nothing here says to whom.
@@ -243,7 +471,7 @@ impl Ledger {
     fn give_back(&mut self, j: usize, id: Ev, a: u32) {
         let b = &mut self.b[j];
         if let Some((Gift::Given(g), to)) = b.gifts.get(&(id, a)).copied() {
-            if g > 0 {
+            if g.any_pos() {
                 b.avail += g;
                 b.held -= g;
                 b.incr += 1;
@@ -262,7 +490,7 @@ impl Ledger {
             .map(|(k, _)| *k)
             .collect();
         for (e, a) in keys {
-            let used: i64 = credited
+            let used: Units = credited
                 .iter()
                 .filter(|c| c.from == j && c.attempt == a)
                 .map(|c| c.units)
@@ -271,7 +499,7 @@ impl Ledger {
             if let Some((Gift::Given(g), to)) = b.gifts.get(&(e, a)).copied() {
                 let back = g - used;
                 b.held -= g;
-                if back > 0 {
+                if back.any_pos() {
                     b.avail += back;
                     b.incr += 1;
                     self.transit.remove(&(e, a, j));
@@ -283,8 +511,11 @@ impl Ledger {
 
     /// The sweeper (`promo rebalance` runs it first): settles or returns
     /// every gift of a decided event, and finishes every transfer.
-    pub fn sweep(&mut self, transfers: &BTreeMap<Ev, (usize, usize, i64)>) {
+    pub fn sweep(&mut self, transfers: &BTreeMap<Ev, (usize, usize, Units)>) {
         for j in 0..self.k() {
+            if self.b[j].corrupt {
+                continue;
+            }
             let open: Vec<((Ev, u32), usize)> = self.b[j]
                 .gifts
                 .iter()
@@ -293,6 +524,9 @@ impl Ledger {
                 .collect();
             for ((id, a), to) in open {
                 if let Some(&(_, dest, n)) = transfers.get(&id) {
+                    if self.b[dest].corrupt {
+                        continue;
+                    }
                     let mut t = Transfer::new(id, j, dest, n);
                     while t.step(self).is_none() {}
                     continue;
@@ -300,7 +534,8 @@ impl Ledger {
                 let home = &self.b[to];
                 let credited = match home.records.get(&id) {
                     Some(Record::Deducted { credits, .. })
-                    | Some(Record::Reverted { credits, .. }) => Some(credits.clone()),
+                    | Some(Record::Reverted { credits, .. })
+                    | Some(Record::Released { credits, .. }) => Some(credits.clone()),
                     _ if home.memos.contains_key(&id) => Some(Vec::new()),
                     _ => None,
                 };
@@ -321,7 +556,7 @@ impl Bucket {
     fn senior_holds(&self, id: Ev) -> bool {
         self.gifts
             .range(..(id, 0))
-            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if *x > 0))
+            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if x.any_pos()))
     }
 
     /// Release order O's reservation, if it holds one (idempotent: the
@@ -341,7 +576,7 @@ impl Bucket {
     fn holds(&self, id: Ev) -> bool {
         self.gifts
             .range((id, 0)..=(id, u32::MAX))
-            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if *x > 0))
+            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if x.any_pos()))
     }
 }
 
@@ -350,16 +585,18 @@ impl Bucket {
 pub struct Credit {
     pub from: usize,
     pub attempt: u32,
-    pub units: i64,
+    pub units: Units,
 }
 
 /// What one step of a delivery reports to the harness.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Report {
     Running,
-    /// Decided "short" at this step (fast path or after a gather).
+    /// Decided "short" at this step (fast path or after a gather), on
+    /// dimension `dim`.
     Short {
         fast: bool,
+        dim: Dim,
     },
     Done(Outcome),
 }
@@ -392,20 +629,22 @@ enum PStep {
 pub struct Place {
     pub ev: Ev,
     pub cust: Cust,
-    pub units: i64,
+    pub units: Units,
     home: usize,
     step: PStep,
     a: u32,
     incr0: u64,
     notify0: u64,
-    avail0: i64,
-    held0: i64,
+    avail0: Units,
+    held0: Units,
     /// (bucket, avail, held or set aside, this event holds units there)
-    peeks: Vec<(usize, i64, i64, bool)>,
+    peeks: Vec<(usize, Units, Units, bool)>,
     pending_seen: bool,
+    /// A look met a corrupt bucket: this attempt cannot reject short.
+    saw_corrupt: bool,
     junior: bool,
     /// What attempt `a` holds in each other bucket.
-    mine: BTreeMap<usize, i64>,
+    mine: BTreeMap<usize, Units>,
     /// Other buckets where this event may hold gifts: where it gave, and
     /// where a look found gifts of it (an earlier delivery's). The cleanup
     /// visits these; gifts a crashed zombie left elsewhere are the
@@ -416,10 +655,13 @@ pub struct Place {
     cleanup: bool,
     waiting: bool,
     pub restarts: u32,
+    /// Refusals of this delivery's reservation at the customer's bucket
+    /// (where `user_limit_reached` is decided; Undo applies it).
+    pub refusals: u32,
 }
 
 impl Place {
-    pub fn new(ev: Ev, cust: Cust, units: i64, k: usize) -> Place {
+    pub fn new(ev: Ev, cust: Cust, units: Units, k: usize) -> Place {
         Place {
             ev,
             cust,
@@ -429,10 +671,11 @@ impl Place {
             a: 0,
             incr0: 0,
             notify0: 0,
-            avail0: 0,
-            held0: 0,
+            avail0: Units::ZERO,
+            held0: Units::ZERO,
             peeks: Vec::new(),
             pending_seen: false,
+            saw_corrupt: false,
             junior: false,
             mine: BTreeMap::new(),
             holds_at: BTreeSet::new(),
@@ -441,11 +684,12 @@ impl Place {
             cleanup: false,
             waiting: false,
             restarts: 0,
+            refusals: 0,
         }
     }
 
     /// What the other buckets held, as this attempt's looks saw it.
-    fn peeked(&self) -> i64 {
+    fn peeked(&self) -> Units {
         self.peeks.iter().map(|p| p.1 + p.2).sum()
     }
 
@@ -464,6 +708,7 @@ impl Place {
             | Some(Record::Reverted { units, credits, .. }) => {
                 Some((Placed::Accepted(*units), credits.clone()))
             }
+            Some(Record::Released { credits, .. }) => Some((Placed::Released, credits.clone())),
             _ => None,
         }
     }
@@ -481,7 +726,7 @@ impl Place {
     }
 
     fn after_decision(&mut self, _l: &Ledger) -> Report {
-        let outcome = self.outcome.unwrap_or(Placed::Short);
+        let outcome = self.outcome.expect("a decision before its cleanup");
         if let Some(&j) = self.holds_at.iter().next() {
             self.cleanup = true;
             self.step = PStep::Cleanup(j);
@@ -504,6 +749,12 @@ impl Place {
     fn wait(&mut self) -> Report {
         self.waiting = true;
         self.restart()
+    }
+
+    /// Decided `corrupt_promotion` at home (remembered under the memo).
+    fn corrupt(&mut self, l: &mut Ledger) -> Report {
+        l.b[self.home].memos.insert(self.ev, Placed::Corrupt);
+        self.finish(l, Placed::Corrupt, Vec::new())
     }
 
     /// Whether the delivery is backing off (see `wait`).
@@ -535,7 +786,7 @@ impl Place {
     /// Take `own` units of the home bucket and the gifts `credits`: at once
     /// when the promotion has no per-customer limit, else tentatively until
     /// the customer's reservation is taken.
-    fn take(&mut self, l: &mut Ledger, own: i64, credits: Vec<Credit>) -> Report {
+    fn take(&mut self, l: &mut Ledger, own: Units, credits: Vec<Credit>) -> Report {
         let b = &mut l.b[self.home];
         b.avail -= own;
         b.tentative += own;
@@ -581,7 +832,7 @@ impl Place {
             let key = (self.ev, c.attempt, c.from);
             if let Some(t) = l.transit.get_mut(&key) {
                 *t -= c.units;
-                if *t == 0 {
+                if *t == Units::ZERO {
                     l.transit.remove(&key);
                 }
             }
@@ -599,26 +850,31 @@ impl Place {
                     return r;
                 }
                 let h = self.home;
+                if l.b[h].corrupt {
+                    return self.corrupt(l);
+                }
                 let b = &mut l.b[h];
-                if b.avail >= self.units {
+                if b.avail.covers(self.units) {
                     return self.take(l, self.units, Vec::new());
                 }
                 if let Some(bound) = b.bound {
-                    if b.pending.is_empty() && b.avail + b.held + b.tentative + bound < self.units {
-                        b.memos.insert(self.ev, Placed::Short);
-                        let _ = self.finish(l, Placed::Short, Vec::new());
-                        return Report::Short { fast: true };
+                    let most = b.avail + b.held + b.tentative + bound;
+                    if let (true, Some(dim)) = (b.pending.is_empty(), most.short_of(self.units)) {
+                        b.memos.insert(self.ev, Placed::Short(dim));
+                        let _ = self.finish(l, Placed::Short(dim), Vec::new());
+                        return Report::Short { fast: true, dim };
                     }
                 }
                 if k == 1 {
-                    if b.tentative + b.held > 0 || !b.pending.is_empty() {
+                    if (b.tentative + b.held).any_pos() || !b.pending.is_empty() {
                         // Units set aside for a line still waiting for its
                         // reservation may come back: not short yet.
                         return self.wait();
                     }
-                    b.memos.insert(self.ev, Placed::Short);
-                    self.outcome = Some(Placed::Short);
-                    return Report::Short { fast: false };
+                    let dim = b.avail.short_of(self.units).unwrap_or(Dim::Stock);
+                    b.memos.insert(self.ev, Placed::Short(dim));
+                    self.outcome = Some(Placed::Short(dim));
+                    return Report::Short { fast: false, dim };
                 }
                 let a = *b.attempt.entry(self.ev).or_insert(0);
                 if a != self.a {
@@ -630,6 +886,7 @@ impl Place {
                 self.avail0 = b.avail;
                 self.held0 = b.held + b.tentative;
                 self.pending_seen = !b.pending.is_empty();
+                self.saw_corrupt = false;
                 self.junior = b.senior_holds(self.ev);
                 self.peeks.clear();
                 self.step = PStep::Peek(0);
@@ -639,8 +896,17 @@ impl Place {
                 let j = self.other(l, i);
                 l.touch(j);
                 let b = &l.b[j];
-                self.peeks
-                    .push((j, b.avail, b.held + b.tentative, b.holds(self.ev)));
+                if b.corrupt {
+                    // Unknown: served from the others, never short.
+                    if l.mutant != Mutant::CorruptCountsAsEmpty {
+                        self.saw_corrupt = true;
+                    }
+                    self.peeks
+                        .push((j, Units::ZERO, Units::ZERO, b.holds(self.ev)));
+                } else {
+                    self.peeks
+                        .push((j, b.avail, b.held + b.tentative, b.holds(self.ev)));
+                }
                 if b.holds(self.ev) {
                     self.holds_at.insert(j);
                 }
@@ -651,7 +917,7 @@ impl Place {
                     return Report::Running;
                 }
                 let total = self.avail0 + self.held0 + self.peeked();
-                if total >= self.units {
+                if total.covers(self.units) {
                     // Enough units, some perhaps held by other lines: the
                     // lowest event id among those holding goes first, the
                     // others give theirs back and start again.
@@ -672,6 +938,9 @@ impl Place {
                 if let Some(r) = self.home_checks(l) {
                     return r;
                 }
+                if l.b[self.home].corrupt {
+                    return self.corrupt(l);
+                }
                 let mutant = l.mutant;
                 let bound = self.peeked();
                 let b = &mut l.b[self.home];
@@ -687,22 +956,30 @@ impl Place {
                 {
                     return self.restart();
                 }
+                if self.saw_corrupt {
+                    return self.corrupt(l);
+                }
+                // The first dimension all of it could not cover.
+                let dim = (self.avail0 + self.held0 + bound)
+                    .short_of(self.units)
+                    .unwrap_or(Dim::Stock);
                 if mutant != Mutant::NoShortMemo {
-                    b.memos.insert(self.ev, Placed::Short);
+                    b.memos.insert(self.ev, Placed::Short(dim));
                 }
                 b.bound = Some(bound);
-                let _ = self.finish(l, Placed::Short, Vec::new());
-                Report::Short { fast: false }
+                let _ = self.finish(l, Placed::Short(dim), Vec::new());
+                Report::Short { fast: false, dim }
             }
             PStep::Give(i) => {
-                let missing = self.units - self.avail0 - self.mine.values().sum::<i64>();
-                if missing <= 0 || i >= self.peeks.len() {
+                let missing =
+                    (self.units - self.avail0 - self.mine.values().copied().sum::<Units>()).pos();
+                if !missing.any_pos() || i >= self.peeks.len() {
                     self.step = PStep::FinalAccept;
                     return Report::Running;
                 }
                 let (j, avail, _, mine) = self.peeks[i];
                 self.step = PStep::Give(i + 1);
-                if avail > 0 || mine {
+                if (avail.min(missing).any_pos() || mine) && !l.b[j].corrupt {
                     l.touch(j);
                     let (total, senior) = l.give(j, self.ev, self.a, missing, self.home);
                     self.mine.insert(j, total);
@@ -718,13 +995,16 @@ impl Place {
                 if let Some(r) = self.home_checks(l) {
                     return r;
                 }
+                if l.b[self.home].corrupt {
+                    return self.corrupt(l);
+                }
                 let b = &mut l.b[self.home];
                 if b.attempt.get(&self.ev) != Some(&self.a) {
                     self.step = PStep::Yield;
                     return Report::Running;
                 }
-                let sum: i64 = self.mine.values().sum();
-                if b.avail + sum < self.units {
+                let sum: Units = self.mine.values().copied().sum();
+                if !(b.avail + sum).covers(self.units) {
                     // Units went elsewhere meanwhile: look again, keeping
                     // what this attempt holds.
                     return self.restart();
@@ -739,7 +1019,7 @@ impl Place {
                 let mut credits: Vec<Credit> = Vec::new();
                 for (j, u) in &self.mine {
                     let take = need.min(*u);
-                    if take > 0 {
+                    if take.any_pos() {
                         credits.push(Credit {
                             from: *j,
                             attempt: self.a,
@@ -767,6 +1047,10 @@ impl Place {
             PStep::ReturnAll(i) => {
                 let j = self.other(l, i);
                 l.touch(j);
+                if l.b[j].corrupt {
+                    // Back off: the give-back waits for the repair.
+                    return Report::Running;
+                }
                 for a in 0..=self.a {
                     l.give_back(j, self.ev, a);
                 }
@@ -782,15 +1066,28 @@ impl Place {
                 l.touch(hc);
                 let limit = l.limit.unwrap_or(u32::MAX);
                 let b = &mut l.b[hc];
-                let ok = if b.resv.contains_key(&self.ev) {
+                let ok = if b.refused.contains(&self.ev) {
+                    // Decided before: the same answer (no new count).
+                    false
+                } else if b.resv.contains_key(&self.ev) {
                     // Taken before (or taken and released by a refund: the
                     // order is decided, and Settle finds that).
                     true
+                } else if l.mutant == Mutant::ReserveCountsFreed
+                    && b.resv.values().filter(|r| r.0 == self.cust).count() as u32 >= limit
+                {
+                    self.refusals += 1;
+                    b.refused.insert(self.ev);
+                    false
                 } else if b.used.get(&self.cust).copied().unwrap_or(0) < limit {
                     b.resv.insert(self.ev, (self.cust, true));
                     *b.used.entry(self.cust).or_insert(0) += 1;
                     true
                 } else {
+                    self.refusals += 1;
+                    if l.mutant != Mutant::RefusalForgotten {
+                        b.refused.insert(self.ev);
+                    }
                     false
                 };
                 self.step = if ok { PStep::Settle } else { PStep::Undo };
@@ -801,6 +1098,9 @@ impl Place {
                 if let Some((d, c)) = self.decided(l) {
                     return self.finish(l, d, c);
                 }
+                if l.b[self.home].corrupt {
+                    return Report::Running;
+                }
                 self.settle(l)
             }
             PStep::Undo => {
@@ -808,11 +1108,14 @@ impl Place {
                 if let Some((d, c)) = self.decided(l) {
                     return self.finish(l, d, c);
                 }
+                if l.b[self.home].corrupt {
+                    return Report::Running;
+                }
                 let b = &mut l.b[self.home];
                 if let Some(Record::Tentative { own, .. }) = b.records.get(&self.ev).cloned() {
                     b.records.remove(&self.ev);
                     b.tentative -= own;
-                    if own > 0 {
+                    if own.any_pos() {
                         b.avail += own;
                         b.incr += 1;
                     }
@@ -830,13 +1133,18 @@ impl Place {
             }
             PStep::Cleanup(j) => {
                 l.touch(j);
+                if l.b[j].corrupt {
+                    return Report::Running;
+                }
                 let credited = self.credited.clone();
                 l.settle_event(j, self.ev, &credited);
                 if let Some(&next) = self.holds_at.range(j + 1..).next() {
                     self.step = PStep::Cleanup(next);
                     return Report::Running;
                 }
-                Report::Done(Outcome::Placed(self.outcome.unwrap_or(Placed::Short)))
+                Report::Done(Outcome::Placed(
+                    self.outcome.expect("a decision before its cleanup"),
+                ))
             }
         }
     }
@@ -848,10 +1156,12 @@ impl Place {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum RStep {
+    /// The order's plain line first (a mixed order), one call at `{Q}`.
+    Plain,
     Look,
     Notify,
     Revert,
-    Release(Cust, i64),
+    Release(Cust, Units),
 }
 
 /// One delivery of a refund of order `order`. The customer it names plays
@@ -876,13 +1186,39 @@ impl RefundRun {
         }
     }
 
+    /// A refund of a mixed order: its plain line too (first).
+    pub fn with_plain(mut self) -> RefundRun {
+        self.step = RStep::Plain;
+        self
+    }
+
     pub fn step(&mut self, l: &mut Ledger) -> Report {
         let h = l.order_home(self.order);
         match self.step {
+            RStep::Plain => {
+                // rollback.lua on the plain line: revert a deduction, or
+                // leave a tombstone so the order cannot deduct here later.
+                let q = &mut l.plain;
+                match q.records.get(&self.order).copied() {
+                    Some(PlainRecord::Deducted(u)) => {
+                        q.avail += u;
+                        q.records.insert(self.order, PlainRecord::Reverted(u));
+                    }
+                    Some(_) => {}
+                    None => {
+                        q.records.insert(self.order, PlainRecord::Tomb);
+                    }
+                }
+                self.step = RStep::Look;
+                Report::Running
+            }
             RStep::Look => {
                 l.touch(h);
                 let mutant = l.mutant;
                 let b = &mut l.b[h];
+                if b.refunds.get(&self.ev) == Some(&Refund::Corrupt) {
+                    return Report::Done(Outcome::Refund(Refund::Corrupt));
+                }
                 match b.records.get(&self.order).cloned() {
                     Some(Record::Reverted {
                         by,
@@ -899,6 +1235,13 @@ impl RefundRun {
                         b.pending.remove(&self.ev);
                         return Report::Done(Outcome::Refund(Refund::AlreadyReverted));
                     }
+                    Some(Record::Deducted { .. }) if b.corrupt => {
+                        // rollback.lua's corrupt data: rejected and
+                        // remembered; a mark an earlier delivery left goes.
+                        b.pending.remove(&self.ev);
+                        b.refunds.insert(self.ev, Refund::Corrupt);
+                        return Report::Done(Outcome::Refund(Refund::Corrupt));
+                    }
                     Some(Record::Deducted { .. }) => {
                         // Units are about to come back here: mark first, so
                         // no gather rejects while they are on their way.
@@ -912,6 +1255,12 @@ impl RefundRun {
                     // A placement still waiting for its reservation (a
                     // zombie delivery): look again once it has settled.
                     Some(Record::Tentative { .. }) => {}
+                    // Released for the event's rejection (perhaps after a
+                    // crashed delivery of this refund marked the bucket).
+                    Some(Record::Released { .. }) => {
+                        b.pending.remove(&self.ev);
+                        return Report::Done(Outcome::Refund(Refund::NoDeduction));
+                    }
                     Some(Record::Tomb { .. }) => {
                         return Report::Done(Outcome::Refund(Refund::NoDeduction))
                     }
@@ -932,6 +1281,14 @@ impl RefundRun {
                 l.touch(h);
                 let b = &mut l.b[h];
                 b.pending.remove(&self.ev);
+                if b.refunds.get(&self.ev) == Some(&Refund::Corrupt) {
+                    return Report::Done(Outcome::Refund(Refund::Corrupt));
+                }
+                if b.corrupt && matches!(b.records.get(&self.order), Some(Record::Deducted { .. }))
+                {
+                    b.refunds.insert(self.ev, Refund::Corrupt);
+                    return Report::Done(Outcome::Refund(Refund::Corrupt));
+                }
                 match b.records.get(&self.order).cloned() {
                     Some(Record::Deducted {
                         customer,
@@ -971,8 +1328,8 @@ enum TStep {
     Mark,
     Notify,
     Take,
-    Credit(i64),
-    Settle(i64),
+    Credit(Units),
+    Settle(Units),
 }
 
 /// One run of an operator's transfer of `n` units from bucket `from` to
@@ -982,12 +1339,12 @@ pub struct Transfer {
     pub id: Ev,
     pub from: usize,
     pub to: usize,
-    pub n: i64,
+    pub n: Units,
     step: TStep,
 }
 
 impl Transfer {
-    pub fn new(id: Ev, from: usize, to: usize, n: i64) -> Transfer {
+    pub fn new(id: Ev, from: usize, to: usize, n: Units) -> Transfer {
         Transfer {
             id,
             from,
@@ -1014,6 +1371,9 @@ impl Transfer {
                 l.notify_all_but(self.to);
                 self.step = TStep::Take;
             }
+            TStep::Take if l.b[self.from].corrupt => {}
+            TStep::Credit(_) if l.b[self.to].corrupt => {}
+            TStep::Settle(_) if l.b[self.from].corrupt => {}
             TStep::Take => {
                 l.touch(self.from);
                 // Once per transfer: the amount is fixed by the first take
@@ -1021,13 +1381,13 @@ impl Transfer {
                 let b = &mut l.b[self.from];
                 let g = match b.gifts.get(&(self.id, 0)).map(|g| g.0) {
                     Some(Gift::Given(x)) | Some(Gift::Settled(x)) => x,
-                    Some(Gift::Returned) => 0,
+                    Some(Gift::Returned) => Units::ZERO,
                     None => {
-                        let g = b.avail.min(self.n).max(0);
+                        let g = b.avail.min(self.n).pos();
                         b.avail -= g;
                         b.held += g;
                         b.gifts.insert((self.id, 0), (Gift::Given(g), self.to));
-                        if g > 0 {
+                        if g.any_pos() {
                             l.transit.insert((self.id, 0, self.from), g);
                         }
                         g
@@ -1040,7 +1400,7 @@ impl Transfer {
                 let b = &mut l.b[self.to];
                 b.pending.remove(&self.id);
                 let c = *b.credited_in.entry(self.id).or_insert_with(|| {
-                    if g > 0 {
+                    if g.any_pos() {
                         b.avail += g;
                         b.incr += 1;
                         l.transit.remove(&(self.id, 0, self.from));
@@ -1054,7 +1414,7 @@ impl Transfer {
                 let b = &mut l.b[self.from];
                 if let Some((Gift::Given(g), to)) = b.gifts.get(&(self.id, 0)).copied() {
                     b.held -= g;
-                    if g > c {
+                    if (g - c).any_pos() {
                         b.avail += g - c;
                         b.incr += 1;
                         l.transit.remove(&(self.id, 0, self.from));
@@ -1066,4 +1426,267 @@ impl Transfer {
         }
         None
     }
+}
+
+/// A line of an order: the bucketed promotion's (its units are the
+/// `Place`'s), or the plain promotion's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Line {
+    Bucket,
+    Plain(i64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OStep {
+    /// Deciding line `i`, in order.
+    Line(usize),
+    /// A line answered `released`: the event was rejected on another line.
+    /// Its reason is read from the other lines' memos (one round trip, as
+    /// the service's memo lookup).
+    ReadReason,
+    /// Releasing line `i` (the lines before the rejecting one, in order).
+    Release(usize),
+    /// The bucketed line's release, at the order's bucket and then the
+    /// customer's: mark, notify, give back, release the reservation.
+    RelNotify(usize),
+    RelRevert(usize),
+    RelUnreserve(usize, Cust),
+    Finished,
+}
+
+/// One delivery of an order: its lines in order, all or nothing.
+#[derive(Clone, Debug)]
+pub struct Order {
+    pub lines: Vec<Line>,
+    pub place: Place,
+    step: OStep,
+    /// The lines before this one are released.
+    upto: usize,
+    reason: Option<Placed>,
+}
+
+impl Order {
+    pub fn new(place: Place, lines: Vec<Line>) -> Order {
+        Order {
+            lines,
+            place,
+            step: OStep::Line(0),
+            upto: 0,
+            reason: None,
+        }
+    }
+
+    /// Whether work is left after the decision (the bucketed line's
+    /// cleanup, releases).
+    pub fn cleaning(&self) -> bool {
+        self.step != OStep::Finished
+    }
+
+    fn ev(&self) -> Ev {
+        self.place.ev
+    }
+
+    /// Line i answered `p`.
+    fn answer(&mut self, l: &mut Ledger, i: usize, p: Placed) -> Report {
+        match p {
+            Placed::Accepted(_) => {
+                self.step = OStep::Line(i + 1);
+                Report::Running
+            }
+            Placed::Released => {
+                self.step = OStep::ReadReason;
+                Report::Running
+            }
+            reason => self.reject(l, i, reason),
+        }
+    }
+
+    /// The event is rejected at line i: release the lines before it.
+    fn reject(&mut self, l: &mut Ledger, i: usize, reason: Placed) -> Report {
+        self.reason = Some(reason);
+        self.upto = i;
+        self.next_release(l, 0)
+    }
+
+    fn next_release(&mut self, _l: &mut Ledger, from: usize) -> Report {
+        if from < self.upto {
+            self.step = OStep::Release(from);
+            Report::Running
+        } else {
+            self.step = OStep::Finished;
+            Report::Done(Outcome::Placed(self.reason.unwrap_or(Placed::Released)))
+        }
+    }
+
+    pub fn step(&mut self, l: &mut Ledger) -> Report {
+        let ev = self.ev();
+        match self.step {
+            OStep::Line(i) if i == self.lines.len() => {
+                self.step = OStep::Finished;
+                Report::Done(Outcome::Placed(Placed::Accepted(self.place.units)))
+            }
+            OStep::Line(i) => match self.lines[i] {
+                Line::Plain(u) => {
+                    let p = plain_deduct(&mut l.plain, ev, u);
+                    self.answer(l, i, p)
+                }
+                Line::Bucket => match self.place.step(l) {
+                    Report::Running => Report::Running,
+                    Report::Short { fast, dim } => {
+                        // Decided here; a cleanup of its gifts still runs
+                        // (and ends in Done(Short), answered then).
+                        if !self.place.cleaning() {
+                            let _ = self.reject(l, i, Placed::Short(dim));
+                        }
+                        Report::Short { fast, dim }
+                    }
+                    Report::Done(Outcome::Placed(p)) => self.answer(l, i, p),
+                    Report::Done(o) => unreachable!("a placement ended {o:?}"),
+                },
+            },
+            OStep::ReadReason => {
+                let h = l.order_home(ev);
+                l.touch(h);
+                let mut found = None;
+                for (i, line) in self.lines.iter().enumerate() {
+                    let memo = match line {
+                        Line::Plain(_) => l.plain.memos.get(&ev),
+                        Line::Bucket => l.b[h].memos.get(&ev),
+                    };
+                    if let Some(&m) = memo.filter(|m| **m != Placed::Released) {
+                        found = Some((i, m));
+                        break;
+                    }
+                }
+                match found {
+                    Some((i, reason)) => self.reject(l, i, reason),
+                    // No line holds a reason: a broken protocol (the
+                    // property test sees two different decisions).
+                    None => {
+                        self.step = OStep::Finished;
+                        Report::Done(Outcome::Placed(Placed::Released))
+                    }
+                }
+            }
+            OStep::Release(i) => match self.lines[i] {
+                Line::Plain(_) => {
+                    plain_release(&mut l.plain, ev);
+                    self.next_release(l, i + 1)
+                }
+                Line::Bucket => {
+                    let h = l.order_home(ev);
+                    l.touch(h);
+                    let mutant = l.mutant;
+                    let b = &mut l.b[h];
+                    match b.records.get(&ev).cloned() {
+                        Some(Record::Deducted { .. }) => {
+                            // Units are about to come back here: mark first,
+                            // as a refund does.
+                            if mutant == Mutant::NoReleaseMark {
+                                self.step = OStep::RelRevert(i);
+                            } else {
+                                b.pending.insert(ev);
+                                self.step = OStep::RelNotify(i);
+                            }
+                            Report::Running
+                        }
+                        Some(Record::Released { customer, .. }) => {
+                            b.pending.remove(&ev);
+                            self.step = OStep::RelUnreserve(i, customer);
+                            Report::Running
+                        }
+                        // Reverted by a refund meanwhile, or nothing of
+                        // this event here: nothing to give back.
+                        _ => {
+                            b.pending.remove(&ev);
+                            self.next_release(l, i + 1)
+                        }
+                    }
+                }
+            },
+            OStep::RelNotify(i) => {
+                l.notify_all_but(l.order_home(ev));
+                self.step = OStep::RelRevert(i);
+                Report::Running
+            }
+            OStep::RelRevert(i) => {
+                let h = l.order_home(ev);
+                l.touch(h);
+                if l.b[h].corrupt {
+                    // The event is decided: what it took must go back. The
+                    // release waits for the repair.
+                    return Report::Running;
+                }
+                let b = &mut l.b[h];
+                b.pending.remove(&ev);
+                match b.records.get(&ev).cloned() {
+                    Some(Record::Deducted {
+                        customer,
+                        units,
+                        credits,
+                    }) => {
+                        b.avail += units;
+                        b.incr += 1;
+                        b.records.insert(
+                            ev,
+                            Record::Released {
+                                customer,
+                                units,
+                                credits,
+                            },
+                        );
+                        self.step = OStep::RelUnreserve(i, customer);
+                        Report::Running
+                    }
+                    Some(Record::Released { customer, .. }) => {
+                        self.step = OStep::RelUnreserve(i, customer);
+                        Report::Running
+                    }
+                    _ => self.next_release(l, i + 1),
+                }
+            }
+            OStep::RelUnreserve(i, customer) => {
+                let hc = l.home(customer);
+                l.touch(hc);
+                l.b[hc].release(ev);
+                self.next_release(l, i + 1)
+            }
+            OStep::Finished => unreachable!("a finished order stepped"),
+        }
+    }
+}
+
+/// deduct.lua on the plain line of event (= order) `ev`: one call at `{Q}`.
+fn plain_deduct(q: &mut Plain, ev: Ev, u: i64) -> Placed {
+    if let Some(&m) = q.memos.get(&ev) {
+        return m;
+    }
+    match q.records.get(&ev) {
+        Some(PlainRecord::Deducted(x)) | Some(PlainRecord::Reverted(x)) => {
+            return Placed::Accepted(Units::new(0, *x))
+        }
+        Some(PlainRecord::Tomb) => {
+            q.memos.insert(ev, Placed::Refunded);
+            return Placed::Refunded;
+        }
+        None => {}
+    }
+    if q.avail >= u {
+        q.avail -= u;
+        q.records.insert(ev, PlainRecord::Deducted(u));
+        Placed::Accepted(Units::new(0, u))
+    } else {
+        q.memos.insert(ev, Placed::PlainShort);
+        Placed::PlainShort
+    }
+}
+
+/// release.lua on the plain line: what `ev` deducted goes back, and the
+/// line is marked released where it holds no reason.
+fn plain_release(q: &mut Plain, ev: Ev) {
+    if let Some(PlainRecord::Deducted(u)) = q.records.get(&ev).copied() {
+        q.avail += u;
+        q.records.remove(&ev);
+    }
+    q.memos.entry(ev).or_insert(Placed::Released);
 }
