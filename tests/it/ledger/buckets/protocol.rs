@@ -300,8 +300,11 @@ pub struct Bucket {
     pub incr: u64,
     /// Bumped by every notification of an increase elsewhere.
     pub notify: u64,
-    /// Upper bound on the other buckets' avail + held, while set.
-    pub bound: Option<Units>,
+    /// Per other bucket j, while set: an upper bound on j's avail + held +
+    /// set aside. Set by a gather's rejection for the buckets it looked at;
+    /// raised by every notification of units on their way to j (a hint:
+    /// the destination and at most how much).
+    pub bounds: Vec<Option<Units>>,
     /// Ids (refunds, transfers) about to add units here.
     pub pending: BTreeSet<Ev>,
     /// Per-customer limit, at the customer's home bucket: the orders
@@ -351,6 +354,7 @@ impl Ledger {
         let mut b = vec![Bucket::default(); k];
         for (i, bucket) in b.iter_mut().enumerate() {
             bucket.avail = initial.share(k, i);
+            bucket.bounds = vec![None; k];
         }
         Ledger {
             b,
@@ -379,12 +383,12 @@ impl Ledger {
         self.b[j].corrupt = true;
     }
 
-    /// The operator repairs bucket j's counters: its bound goes (the
-    /// notifications it missed), as a notification would.
+    /// The operator repairs bucket j's counters: its bounds go (the
+    /// notifications it missed), and that counts as a notification.
     pub fn repair(&mut self, j: usize) {
         let b = &mut self.b[j];
         b.corrupt = false;
-        b.bound = None;
+        b.bounds.iter_mut().for_each(|x| *x = None);
         b.notify += 1;
     }
 
@@ -415,12 +419,16 @@ impl Ledger {
             .sum()
     }
 
-    fn notify_all_but(&mut self, j: usize) {
+    /// Up to `units` are on their way to bucket j: every other bucket
+    /// hears it and raises its bound of j by as much.
+    fn notify_all_but(&mut self, j: usize, units: Units) {
         for (m, b) in self.b.iter_mut().enumerate() {
             if m != j && !b.corrupt {
                 self.calls[m] += 1;
                 b.notify += 1;
-                b.bound = None;
+                if let Some(x) = b.bounds[j].as_mut() {
+                    *x += units;
+                }
             }
         }
     }
@@ -639,6 +647,9 @@ pub struct Place {
     held0: Units,
     /// (bucket, avail, held or set aside, this event holds units there)
     peeks: Vec<(usize, Units, Units, bool)>,
+    /// The buckets this attempt looks at: every other one whose bound at
+    /// home is unknown or above zero.
+    to_peek: Vec<usize>,
     pending_seen: bool,
     /// A look met a corrupt bucket: this attempt cannot reject short.
     saw_corrupt: bool,
@@ -674,6 +685,7 @@ impl Place {
             avail0: Units::ZERO,
             held0: Units::ZERO,
             peeks: Vec::new(),
+            to_peek: Vec::new(),
             pending_seen: false,
             saw_corrupt: false,
             junior: false,
@@ -749,6 +761,26 @@ impl Place {
     fn wait(&mut self) -> Report {
         self.waiting = true;
         self.restart()
+    }
+
+    /// Every look of the attempt is in: go on.
+    fn looked(&mut self) -> Report {
+        let total = self.avail0 + self.held0 + self.peeked();
+        if total.covers(self.units) {
+            // Enough units, some perhaps held by other lines: the lowest
+            // event id among those holding goes first, the others give
+            // theirs back and start again.
+            self.step = if self.junior {
+                PStep::Yield
+            } else {
+                PStep::Give(0)
+            };
+        } else if self.pending_seen {
+            return self.wait();
+        } else {
+            self.step = PStep::FinalReject;
+        }
+        Report::Running
     }
 
     /// Decided `corrupt_promotion` at home (remembered under the memo).
@@ -857,7 +889,11 @@ impl Place {
                 if b.avail.covers(self.units) {
                     return self.take(l, self.units, Vec::new());
                 }
-                if let Some(bound) = b.bound {
+                let bound: Option<Units> = (0..k)
+                    .filter(|j| *j != h)
+                    .map(|j| b.bounds[j])
+                    .sum::<Option<Units>>();
+                if let Some(bound) = bound {
                     let most = b.avail + b.held + b.tentative + bound;
                     if let (true, Some(dim)) = (b.pending.is_empty(), most.short_of(self.units)) {
                         b.memos.insert(self.ev, Placed::Short(dim));
@@ -889,11 +925,22 @@ impl Place {
                 self.saw_corrupt = false;
                 self.junior = b.senior_holds(self.ev);
                 self.peeks.clear();
+                // A bucket whose bound is zero in every dimension the line
+                // is missing has nothing for it, and nothing can reach it
+                // unheard: no need to look.
+                let missing = (self.units - self.avail0 - self.held0).pos();
+                self.to_peek = (0..k - 1)
+                    .map(|i| self.other(l, i))
+                    .filter(|j| !matches!(l.b[h].bounds[*j], Some(x) if !x.min(missing).any_pos()))
+                    .collect();
+                if self.to_peek.is_empty() {
+                    return self.looked();
+                }
                 self.step = PStep::Peek(0);
                 Report::Running
             }
             PStep::Peek(i) => {
-                let j = self.other(l, i);
+                let j = self.to_peek[i];
                 l.touch(j);
                 let b = &l.b[j];
                 if b.corrupt {
@@ -912,26 +959,11 @@ impl Place {
                 }
                 self.pending_seen |= !b.pending.is_empty();
                 self.junior |= b.senior_holds(self.ev);
-                if i + 2 < k {
+                if i + 1 < self.to_peek.len() {
                     self.step = PStep::Peek(i + 1);
                     return Report::Running;
                 }
-                let total = self.avail0 + self.held0 + self.peeked();
-                if total.covers(self.units) {
-                    // Enough units, some perhaps held by other lines: the
-                    // lowest event id among those holding goes first, the
-                    // others give theirs back and start again.
-                    self.step = if self.junior {
-                        PStep::Yield
-                    } else {
-                        PStep::Give(0)
-                    };
-                } else if self.pending_seen {
-                    return self.wait();
-                } else {
-                    self.step = PStep::FinalReject;
-                }
-                Report::Running
+                self.looked()
             }
             PStep::FinalReject => {
                 l.touch(self.home);
@@ -966,7 +998,11 @@ impl Place {
                 if mutant != Mutant::NoShortMemo {
                     b.memos.insert(self.ev, Placed::Short(dim));
                 }
-                b.bound = Some(bound);
+                // What it saw bounds each bucket it looked at; the others
+                // keep theirs (zero in what the line was missing).
+                for &(j, avail, held, _) in &self.peeks {
+                    b.bounds[j] = Some(avail + held);
+                }
                 let _ = self.finish(l, Placed::Short(dim), Vec::new());
                 Report::Short { fast: false, dim }
             }
@@ -1159,7 +1195,7 @@ enum RStep {
     /// The order's plain line first (a mixed order), one call at `{Q}`.
     Plain,
     Look,
-    Notify,
+    Notify(Units),
     Revert,
     Release(Cust, Units),
 }
@@ -1242,14 +1278,14 @@ impl RefundRun {
                         b.refunds.insert(self.ev, Refund::Corrupt);
                         return Report::Done(Outcome::Refund(Refund::Corrupt));
                     }
-                    Some(Record::Deducted { .. }) => {
+                    Some(Record::Deducted { units, .. }) => {
                         // Units are about to come back here: mark first, so
                         // no gather rejects while they are on their way.
                         if mutant == Mutant::NoPendingMark {
                             self.step = RStep::Revert;
                         } else {
                             b.pending.insert(self.ev);
-                            self.step = RStep::Notify;
+                            self.step = RStep::Notify(units);
                         }
                     }
                     // A placement still waiting for its reservation (a
@@ -1272,8 +1308,8 @@ impl RefundRun {
                 }
                 Report::Running
             }
-            RStep::Notify => {
-                l.notify_all_but(h);
+            RStep::Notify(units) => {
+                l.notify_all_but(h, units);
                 self.step = RStep::Revert;
                 Report::Running
             }
@@ -1368,7 +1404,7 @@ impl Transfer {
                 }
             }
             TStep::Notify => {
-                l.notify_all_but(self.to);
+                l.notify_all_but(self.to, self.n);
                 self.step = TStep::Take;
             }
             TStep::Take if l.b[self.from].corrupt => {}
@@ -1448,7 +1484,7 @@ enum OStep {
     Release(usize),
     /// The bucketed line's release, at the order's bucket and then the
     /// customer's: mark, notify, give back, release the reservation.
-    RelNotify(usize),
+    RelNotify(usize, Units),
     RelRevert(usize),
     RelUnreserve(usize, Cust),
     Finished,
@@ -1579,14 +1615,14 @@ impl Order {
                     let mutant = l.mutant;
                     let b = &mut l.b[h];
                     match b.records.get(&ev).cloned() {
-                        Some(Record::Deducted { .. }) => {
+                        Some(Record::Deducted { units, .. }) => {
                             // Units are about to come back here: mark first,
                             // as a refund does.
                             if mutant == Mutant::NoReleaseMark {
                                 self.step = OStep::RelRevert(i);
                             } else {
                                 b.pending.insert(ev);
-                                self.step = OStep::RelNotify(i);
+                                self.step = OStep::RelNotify(i, units);
                             }
                             Report::Running
                         }
@@ -1604,8 +1640,8 @@ impl Order {
                     }
                 }
             },
-            OStep::RelNotify(i) => {
-                l.notify_all_but(l.order_home(ev));
+            OStep::RelNotify(i, units) => {
+                l.notify_all_but(l.order_home(ev), units);
                 self.step = OStep::RelRevert(i);
                 Report::Running
             }
