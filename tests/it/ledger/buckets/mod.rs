@@ -51,6 +51,11 @@ enum Act {
         to: usize,
         n: Units,
     },
+    /// The operator adds `n` (or takes it away), spread over the buckets.
+    Adjust {
+        n: Units,
+        add: bool,
+    },
     /// Bucket `bucket`'s counters turn corrupt for `ticks` ticks, then the
     /// operator repairs them.
     Corrupt {
@@ -93,6 +98,7 @@ fn act() -> impl Strategy<Value = Act> {
         2 => (0usize..16, any::<bool>()).prop_map(|(order, wrong)| Act::Refund { order, wrong }),
         3 => (0usize..3, 0usize..3, units()).prop_map(|(from, to, n)| Act::Transfer { from, to, n }),
         1 => (0usize..3, 1u8..40).prop_map(|(bucket, ticks)| Act::Corrupt { bucket, ticks }),
+        1 => (units(), any::<bool>()).prop_map(|(n, add)| Act::Adjust { n, add }),
     ]
 }
 
@@ -126,6 +132,7 @@ enum Run {
     Order(Order),
     Refund(RefundRun),
     Transfer(Transfer),
+    Adjust(Adjust),
 }
 
 impl Run {
@@ -135,6 +142,10 @@ impl Run {
             Run::Order(o) => o.step(l),
             Run::Refund(r) => r.step(l),
             Run::Transfer(t) => match t.step(l) {
+                Some(()) => Report::Done(Outcome::Moved),
+                None => Report::Running,
+            },
+            Run::Adjust(a) => match a.step(l) {
                 Some(()) => Report::Done(Outcome::Moved),
                 None => Report::Running,
             },
@@ -213,6 +224,7 @@ fn delivery(c: &Case, i: usize) -> Option<Run> {
             }
             Run::Transfer(Transfer::new(ev(i), from, to, n))
         }
+        Act::Adjust { n, add } => Run::Adjust(Adjust::new(ev(i), n, add)),
         Act::Corrupt { .. } => return None,
     })
 }
@@ -251,7 +263,7 @@ fn check_step(l: &Ledger) -> Result<(), TestCaseError> {
     let tentative: Units = l.b.iter().map(|b| b.tentative).sum();
     prop_assert_eq!(
         avail + tentative + transit + l.deducted(),
-        l.initial,
+        l.initial + l.adjusted,
         "units not conserved: avail {:?} tentative {:?} transit {:?} deducted {:?}",
         avail,
         tentative,
@@ -710,7 +722,7 @@ fn the_bucket_protocol_keeps_every_promise() {
     });
     let result = runner.run(&case(), |c| run_case(&c, Mutant::None));
     println!(
-        "bucket protocol model: {} cases, {} steps, {} crashes, {} zombie deliveries, {} lines that gathered units, {} short by the fast path, {} short after a gather, {} gather restarts, {} transfers, {} refunds applied, {} mixed-order deliveries ({} accepted), {} corruptions, {} corrupt_promotion decisions, {} user_limit_reached decisions",
+        "bucket protocol model: {} cases, {} steps, {} crashes, {} zombie deliveries, {} lines that gathered units, {} short by the fast path, {} short after a gather, {} gather restarts, {} transfers and adjustments, {} refunds applied, {} mixed-order deliveries ({} accepted), {} corruptions, {} corrupt_promotion decisions, {} user_limit_reached decisions",
         CASES.load(Ordering::Relaxed),
         STEPS.load(Ordering::Relaxed),
         CRASHES.load(Ordering::Relaxed),
@@ -744,6 +756,7 @@ fn each_mutant_of_the_bucket_protocol_is_caught() {
         Mutant::NoShortMemo,
         Mutant::RejectIgnoresNotify,
         Mutant::NoPendingMark,
+        Mutant::AdjustNoNotify,
         Mutant::NoGiftMemo,
         Mutant::NoReleaseMark,
         Mutant::CorruptCountsAsEmpty,

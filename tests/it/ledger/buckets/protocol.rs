@@ -35,6 +35,7 @@
 //! - notifications skip a corrupt bucket; the repair clears its bound and
 //!   counts as a notification.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Add, AddAssign, Sub, SubAssign};
 
@@ -195,6 +196,9 @@ pub enum Mutant {
     /// A refund adds its units without marking the bucket and notifying
     /// the others first.
     NoPendingMark,
+    /// An adjustment adds units to a bucket without marking it and
+    /// notifying the others first.
+    AdjustNoNotify,
     /// A give takes units but leaves no gift memo (the "moved on" memo of
     /// the issue: nothing says where they went).
     NoGiftMemo,
@@ -325,8 +329,10 @@ pub struct Bucket {
     pub attempt: BTreeMap<Ev, u32>,
     /// Gifts given from here: (event or transfer, attempt) -> state, receiver.
     pub gifts: BTreeMap<(Ev, u32), (Gift, usize)>,
-    /// Transfers credited here, with the units credited.
+    /// Transfers and adjustments credited here, with the units credited.
     pub credited_in: BTreeMap<Ev, Units>,
+    /// Adjustments that took units away here, with the units taken.
+    pub removed: BTreeMap<Ev, Units>,
     /// The counters are unreadable (corrupt data) until repaired.
     pub corrupt: bool,
 }
@@ -336,6 +342,9 @@ pub struct Ledger {
     pub b: Vec<Bucket>,
     pub limit: Option<u32>,
     pub initial: Units,
+    /// Ghost state: the sum of the operator's adjustments applied so far
+    /// (what `promo show` reports beside the initial amount).
+    pub adjusted: Units,
     /// Ghost state, not in Redis: units off every bucket's books, by
     /// (event or transfer, attempt, source).
     pub transit: BTreeMap<(Ev, u32, usize), Units>,
@@ -360,6 +369,7 @@ impl Ledger {
             b,
             limit,
             initial,
+            adjusted: Units::ZERO,
             transit: BTreeMap::new(),
             mutant,
             calls: vec![0; k],
@@ -1366,6 +1376,108 @@ enum TStep {
     Take,
     Credit(Units),
     Settle(Units),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AStep {
+    Mark(usize),
+    Notify(usize),
+    Credit(usize),
+    Remove(usize),
+}
+
+/// One run of the operator's `promo adjust` on a bucketed promotion: `n`
+/// added (or taken away) spread over the buckets as `promo set` splits an
+/// amount, bucket by bucket. Adding walks each bucket as a transfer from
+/// outside: mark it, notify the others (their bounds of it rise by its
+/// share), credit it once. Taking away takes at most what the bucket holds
+/// free, once per adjustment (what was taken is remembered, and reported).
+#[derive(Clone, Debug)]
+pub struct Adjust {
+    pub id: Ev,
+    pub n: Units,
+    pub add: bool,
+    step: AStep,
+}
+
+impl Adjust {
+    pub fn new(id: Ev, n: Units, add: bool) -> Adjust {
+        Adjust {
+            id,
+            n,
+            add,
+            step: if add {
+                AStep::Mark(0)
+            } else {
+                AStep::Remove(0)
+            },
+        }
+    }
+
+    fn next(&mut self, l: &Ledger, j: usize) -> Option<()> {
+        if j + 1 == l.k() {
+            return Some(());
+        }
+        self.step = if self.add {
+            AStep::Mark(j + 1)
+        } else {
+            AStep::Remove(j + 1)
+        };
+        None
+    }
+
+    /// One step; `Some(())` once finished.
+    pub fn step(&mut self, l: &mut Ledger) -> Option<()> {
+        let k = l.k();
+        match self.step {
+            AStep::Mark(j) => {
+                l.touch(j);
+                let mutant = l.mutant;
+                let b = &mut l.b[j];
+                if b.credited_in.contains_key(&self.id) {
+                    return self.next(l, j);
+                }
+                if mutant == Mutant::AdjustNoNotify {
+                    self.step = AStep::Credit(j);
+                } else {
+                    b.pending.insert(self.id);
+                    self.step = AStep::Notify(j);
+                }
+            }
+            AStep::Notify(j) => {
+                l.notify_all_but(j, self.n.share(k, j));
+                self.step = AStep::Credit(j);
+            }
+            AStep::Credit(j) if l.b[j].corrupt => {}
+            AStep::Credit(j) => {
+                l.touch(j);
+                let share = self.n.share(k, j);
+                let b = &mut l.b[j];
+                b.pending.remove(&self.id);
+                if let Entry::Vacant(e) = b.credited_in.entry(self.id) {
+                    e.insert(share);
+                    b.avail += share;
+                    b.incr += 1;
+                    l.adjusted += share;
+                }
+                return self.next(l, j);
+            }
+            AStep::Remove(j) if l.b[j].corrupt => {}
+            AStep::Remove(j) => {
+                l.touch(j);
+                let share = self.n.share(k, j);
+                let b = &mut l.b[j];
+                if let Entry::Vacant(e) = b.removed.entry(self.id) {
+                    let g = b.avail.min(share).pos();
+                    b.avail -= g;
+                    e.insert(g);
+                    l.adjusted -= g;
+                }
+                return self.next(l, j);
+            }
+        }
+        None
+    }
 }
 
 /// One run of an operator's transfer of `n` units from bucket `from` to
