@@ -590,6 +590,29 @@ impl Bucket {
         }
     }
 
+    /// A deduction of `order` goes back here (a refund's or a release's
+    /// give-back): its units return, `incr` moves, and the record becomes
+    /// `into(customer, units, credits)`. The customer and the units, if
+    /// the order held a deduction.
+    fn give_back(
+        &mut self,
+        order: Ev,
+        into: impl FnOnce(Cust, Units, Vec<Credit>) -> Record,
+    ) -> Option<(Cust, Units)> {
+        let Some(Record::Deducted {
+            customer,
+            units,
+            credits,
+        }) = self.records.get(&order).cloned()
+        else {
+            return None;
+        };
+        self.avail += units;
+        self.incr += 1;
+        self.records.insert(order, into(customer, units, credits));
+        Some((customer, units))
+    }
+
     /// Whether `id` holds units given here, in any attempt.
     fn holds(&self, id: Ev) -> bool {
         self.gifts
@@ -1335,27 +1358,19 @@ impl RefundRun {
                     b.refunds.insert(self.ev, Refund::Corrupt);
                     return Report::Done(Outcome::Refund(Refund::Corrupt));
                 }
-                match b.records.get(&self.order).cloned() {
-                    Some(Record::Deducted {
-                        customer,
-                        units,
-                        credits,
-                    }) => {
-                        b.avail += units;
-                        b.incr += 1;
-                        b.records.insert(
-                            self.order,
-                            Record::Reverted {
-                                customer,
-                                units,
-                                credits,
-                                by: self.ev,
-                            },
-                        );
+                let by = self.ev;
+                let back = b.give_back(self.order, |customer, units, credits| Record::Reverted {
+                    customer,
+                    units,
+                    credits,
+                    by,
+                });
+                match back {
+                    Some((customer, units)) => {
                         b.refunds.insert(self.ev, Refund::Applied(units));
                         self.step = RStep::Release(customer, units);
                     }
-                    _ => self.step = RStep::Look,
+                    None => self.step = RStep::Look,
                 }
                 Report::Running
             }
@@ -1767,26 +1782,17 @@ impl Order {
                 }
                 let b = &mut l.b[h];
                 b.pending.remove(&ev);
-                match b.records.get(&ev).cloned() {
-                    Some(Record::Deducted {
-                        customer,
-                        units,
-                        credits,
-                    }) => {
-                        b.avail += units;
-                        b.incr += 1;
-                        b.records.insert(
-                            ev,
-                            Record::Released {
-                                customer,
-                                units,
-                                credits,
-                            },
-                        );
-                        self.step = OStep::RelUnreserve(i, customer);
-                        Report::Running
-                    }
-                    Some(Record::Released { customer, .. }) => {
+                let back = b.give_back(ev, |customer, units, credits| Record::Released {
+                    customer,
+                    units,
+                    credits,
+                });
+                if let Some((customer, _)) = back {
+                    self.step = OStep::RelUnreserve(i, customer);
+                    return Report::Running;
+                }
+                match b.records.get(&ev) {
+                    Some(&Record::Released { customer, .. }) => {
                         self.step = OStep::RelUnreserve(i, customer);
                         Report::Running
                     }
