@@ -277,18 +277,23 @@ async fn corruption(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
         return Ok("no limited promotion: skipped".to_owned());
     };
     let t = Instant::now();
-    let before = c.replies().await?;
+    let met_so_far = || async { env.fleet.lock().await.corrupt_lines(&c.promo) };
+    let before = met_so_far().await;
     next_burst(env).await;
-    // Until events meet the corrupt field (Redis counts the scripts'
-    // CORRUPT replies), at most 10 s: the consumers may be rebalancing.
+    // Until events meet the corrupt field, at most 10 s: the consumers may
+    // be rebalancing. The consumers' logs say when (Redis's count of
+    // CORRUPT error replies, read here before, misses every batched line:
+    // a batch answers a corrupt line inside its reply, so no corruption
+    // ever saw one, and each froze a consumer 10 s late, after the events
+    // that met it were committed).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut met = 0;
     while Instant::now() < deadline {
-        met = c.replies().await?.saturating_sub(before);
+        met = met_so_far().await.saturating_sub(before);
         if met > 0 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Within the consumers' commit interval (500 ms): some of the events
     // are decided and published, their offsets not yet committed.
@@ -296,7 +301,7 @@ async fn corruption(env: &Env, rng: &mut Rng) -> anyhow::Result<String> {
     let zombie = pick_running(env, rng, Fleet::freeze).await;
     let frozen_at = Instant::now();
     pause(rng, 100, 800).await;
-    let met_by_repair = c.replies().await?.saturating_sub(before);
+    let met_by_repair = met_so_far().await.saturating_sub(before);
     let what = format!(
         "promo {} {} = {:?} for {} ms, met {met_by_repair} times ({met} before the freeze)",
         c.promo,

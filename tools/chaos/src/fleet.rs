@@ -190,6 +190,35 @@ impl Fleet {
         self.slots[i].state == State::Leaving
     }
 
+    /// Lines the consumers have met corrupt data on promotion `promo` and
+    /// rejected (their `corrupt promotion data; the line is rejected`
+    /// log records), over every consumer log of the run. The service logs
+    /// it whatever the scripts remember, so it counts in a mutant that
+    /// forgets the decision too.
+    pub fn corrupt_lines(&self, promo: &str) -> u64 {
+        let Ok(dir) = std::fs::read_dir(&self.logs) else {
+            return 0;
+        };
+        let field = format!("\"promotion\":\"{promo}\"");
+        dir.flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("consumer-") && name.ends_with(".log")
+            })
+            .map(|e| {
+                std::fs::read_to_string(e.path())
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| {
+                        l.contains("corrupt promotion data; the line is rejected")
+                            && l.contains(&field)
+                    })
+                    .count() as u64
+            })
+            .sum()
+    }
+
     /// The log of slot `i`'s current (or last) process.
     pub fn log_of(&self, i: usize) -> PathBuf {
         self.logs

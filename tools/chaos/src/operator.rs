@@ -401,25 +401,6 @@ pub struct Corruption {
     window: usize,
 }
 
-impl Corruption {
-    /// `CORRUPT` error replies Redis has sent since it started (its
-    /// `errorstat_CORRUPT`): the scripts reply so when they meet the
-    /// corrupt field, so a rise shows that events met it.
-    pub async fn replies(&self) -> anyhow::Result<u64> {
-        let info: String = self
-            .ledger
-            .pool()
-            .info(Some(fred::types::InfoKind::All))
-            .await
-            .context("INFO")?;
-        Ok(info
-            .lines()
-            .find_map(|l| l.strip_prefix("errorstat_CORRUPT:count="))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
