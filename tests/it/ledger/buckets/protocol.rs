@@ -1650,7 +1650,7 @@ impl Order {
     }
 
     /// Line i answered `p`.
-    fn answer(&mut self, l: &mut Ledger, i: usize, p: Placed) -> Report {
+    fn answer(&mut self, i: usize, p: Placed) -> Report {
         match p {
             Placed::Accepted(_) => {
                 self.step = OStep::Line(i + 1);
@@ -1660,18 +1660,18 @@ impl Order {
                 self.step = OStep::ReadReason;
                 Report::Running
             }
-            reason => self.reject(l, i, reason),
+            reason => self.reject(i, reason),
         }
     }
 
     /// The event is rejected at line i: release the lines before it.
-    fn reject(&mut self, l: &mut Ledger, i: usize, reason: Placed) -> Report {
+    fn reject(&mut self, i: usize, reason: Placed) -> Report {
         self.reason = Some(reason);
         self.upto = i;
-        self.next_release(l, 0)
+        self.next_release(0)
     }
 
-    fn next_release(&mut self, _l: &mut Ledger, from: usize) -> Report {
+    fn next_release(&mut self, from: usize) -> Report {
         if from < self.upto {
             self.step = OStep::Release(from);
             Report::Running
@@ -1691,7 +1691,7 @@ impl Order {
             OStep::Line(i) => match self.lines[i] {
                 Line::Plain(u) => {
                     let p = plain_deduct(&mut l.plain, ev, u);
-                    self.answer(l, i, p)
+                    self.answer(i, p)
                 }
                 Line::Bucket => match self.place.step(l) {
                     Report::Running => Report::Running,
@@ -1699,11 +1699,11 @@ impl Order {
                         // Decided here; a cleanup of its gifts still runs
                         // (and ends in Done(Short), answered then).
                         if !self.place.cleaning() {
-                            let _ = self.reject(l, i, Placed::Short(dim));
+                            let _ = self.reject(i, Placed::Short(dim));
                         }
                         Report::Short { fast, dim }
                     }
-                    Report::Done(Outcome::Placed(p)) => self.answer(l, i, p),
+                    Report::Done(Outcome::Placed(p)) => self.answer(i, p),
                     Report::Done(o) => unreachable!("a placement ended {o:?}"),
                 },
             },
@@ -1722,7 +1722,7 @@ impl Order {
                     }
                 }
                 match found {
-                    Some((i, reason)) => self.reject(l, i, reason),
+                    Some((i, reason)) => self.reject(i, reason),
                     // No line holds a reason: a broken protocol (the
                     // property test sees two different decisions).
                     None => {
@@ -1734,7 +1734,7 @@ impl Order {
             OStep::Release(i) => match self.lines[i] {
                 Line::Plain(_) => {
                     plain_release(&mut l.plain, ev);
-                    self.next_release(l, i + 1)
+                    self.next_release(i + 1)
                 }
                 Line::Bucket => {
                     let h = l.order_home(ev);
@@ -1762,7 +1762,7 @@ impl Order {
                         // this event here: nothing to give back.
                         _ => {
                             b.pending.remove(&ev);
-                            self.next_release(l, i + 1)
+                            self.next_release(i + 1)
                         }
                     }
                 }
@@ -1796,14 +1796,14 @@ impl Order {
                         self.step = OStep::RelUnreserve(i, customer);
                         Report::Running
                     }
-                    _ => self.next_release(l, i + 1),
+                    _ => self.next_release(i + 1),
                 }
             }
             OStep::RelUnreserve(i, customer) => {
                 let hc = l.home(customer);
                 l.touch(hc);
                 l.b[hc].release(ev);
-                self.next_release(l, i + 1)
+                self.next_release(i + 1)
             }
             OStep::Finished => unreachable!("a finished order stepped"),
         }
