@@ -23,6 +23,7 @@
 //! Pure: no Redis here. Cases: `PROPTEST_CASES` (default 3,000).
 //! Each mutant of the protocol (`Mutant`) must make the same property fail.
 
+mod bucket;
 mod protocol;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
+use bucket::*;
 use protocol::*;
 
 #[derive(Clone, Debug)]
@@ -450,7 +452,7 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
         // left after its event was decided hold units and block juniors
         // until it does).
         if tick % 20 == 0 {
-            l.sweep(&transfers);
+            sweep(&mut l, &transfers);
             check_step(&l)?;
         }
         prop_assert!(
@@ -658,7 +660,7 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
     }
 
     // The sweeper settles what crashed deliveries left in transit.
-    l.sweep(&transfers);
+    sweep(&mut l, &transfers);
     check_step(&l)?;
     check_reservations(&l)?;
     prop_assert!(

@@ -14,13 +14,12 @@
 //! the event deducted goes back, and the line is marked released so that a
 //! slower delivery of the event repeats the decision).
 //!
-//! Corrupt data: one bucket's counters (its hash `promo:{P~k}`) may turn
-//! unreadable for a while, until the operator repairs them (the model
-//! keeps the true values behind `Bucket::corrupt`). Records, memos, gift
-//! memos, reservations and the pending marks (a set of its own) are keys of
-//! their own and stay readable. A step
-//! that must read or write the counters of a corrupt bucket meets CORRUPT
-//! and writes nothing. What the delivery does then:
+//! Each step of a delivery is one call on one bucket (`Ledger::call` with
+//! an `Op`, see `bucket`), or, where the service would make several calls
+//! in a row with nothing to decide between them (the notifications of
+//! every other bucket), those calls.
+//!
+//! What a delivery does when a bucket's counters are corrupt:
 //! - a step that decides (a line's first call at home, its final accept or
 //!   reject, a refund's first look) decides `corrupt_promotion` and
 //!   remembers it, as an unbucketed promotion does;
@@ -35,599 +34,9 @@
 //! - notifications skip a corrupt bucket; the repair clears its bound and
 //!   counts as a notification.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::{Add, AddAssign, Sub, SubAssign};
 
-pub type Ev = u32;
-pub type Cust = u32;
-
-/// An amount of budget and of stock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Units {
-    pub budget: i64,
-    pub stock: i64,
-}
-
-/// The dimension a short line is rejected on: `budget_exceeded` or
-/// `stock_insufficient`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dim {
-    Budget,
-    Stock,
-}
-
-impl Units {
-    pub const ZERO: Units = Units {
-        budget: 0,
-        stock: 0,
-    };
-
-    pub fn new(budget: i64, stock: i64) -> Units {
-        Units { budget, stock }
-    }
-
-    pub fn covers(self, need: Units) -> bool {
-        self.short_of(need).is_none()
-    }
-
-    /// The first dimension, budget before stock, in which `self` cannot
-    /// cover `need`.
-    pub fn short_of(self, need: Units) -> Option<Dim> {
-        if self.budget < need.budget {
-            Some(Dim::Budget)
-        } else if self.stock < need.stock {
-            Some(Dim::Stock)
-        } else {
-            None
-        }
-    }
-
-    pub fn get(self, d: Dim) -> i64 {
-        match d {
-            Dim::Budget => self.budget,
-            Dim::Stock => self.stock,
-        }
-    }
-
-    pub fn min(self, o: Units) -> Units {
-        Units::new(self.budget.min(o.budget), self.stock.min(o.stock))
-    }
-
-    pub fn max(self, o: Units) -> Units {
-        Units::new(self.budget.max(o.budget), self.stock.max(o.stock))
-    }
-
-    /// Each dimension at least 0.
-    pub fn pos(self) -> Units {
-        self.max(Units::ZERO)
-    }
-
-    pub fn any_pos(self) -> bool {
-        self.budget > 0 || self.stock > 0
-    }
-
-    pub fn any_neg(self) -> bool {
-        self.budget < 0 || self.stock < 0
-    }
-
-    /// `total` split over `k` buckets as `promo set --buckets K` will: the
-    /// first buckets take the remainder.
-    pub fn share(self, k: usize, i: usize) -> Units {
-        let part = |t: i64| t / k as i64 + i64::from((i as i64) < t % k as i64);
-        Units::new(part(self.budget), part(self.stock))
-    }
-}
-
-impl Add for Units {
-    type Output = Units;
-    fn add(self, o: Units) -> Units {
-        Units::new(self.budget + o.budget, self.stock + o.stock)
-    }
-}
-
-impl Sub for Units {
-    type Output = Units;
-    fn sub(self, o: Units) -> Units {
-        Units::new(self.budget - o.budget, self.stock - o.stock)
-    }
-}
-
-impl AddAssign for Units {
-    fn add_assign(&mut self, o: Units) {
-        *self = *self + o;
-    }
-}
-
-impl SubAssign for Units {
-    fn sub_assign(&mut self, o: Units) {
-        *self = *self - o;
-    }
-}
-
-impl std::iter::Sum for Units {
-    fn sum<I: Iterator<Item = Units>>(it: I) -> Units {
-        it.fold(Units::ZERO, |a, b| a + b)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placed {
-    Accepted(Units),
-    /// Rejected `budget_exceeded` or `stock_insufficient`.
-    Short(Dim),
-    Limit,
-    Refunded,
-    /// Rejected `corrupt_promotion`: the line met a corrupt bucket.
-    Corrupt,
-    /// The plain line was short (an event's decision).
-    PlainShort,
-    /// A line's answer only, never an event's decision: the line was
-    /// released for the event's rejection on another line.
-    Released,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refund {
-    Applied(Units),
-    NoDeduction,
-    AlreadyReverted,
-    /// Rejected `corrupt_promotion` (the order's bucket was corrupt).
-    Corrupt,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Placed(Placed),
-    Refund(Refund),
-    /// A transfer finished.
-    Moved,
-}
-
-/// A deliberately broken piece of the protocol, to prove the checks catch it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mutant {
-    None,
-    /// The final rejection after a gather writes no memo.
-    NoShortMemo,
-    /// A gather rejects although a notification came in while it looked
-    /// (units were on their way somewhere it had already looked at).
-    RejectIgnoresNotify,
-    /// A refund adds its units without marking the bucket and notifying
-    /// the others first.
-    NoPendingMark,
-    /// An adjustment adds units to a bucket without marking it and
-    /// notifying the others first.
-    AdjustNoNotify,
-    /// A give takes units but leaves no gift memo (the "moved on" memo of
-    /// the issue: nothing says where they went).
-    NoGiftMemo,
-    /// A release of a bucketed line gives its units back without marking
-    /// the bucket and notifying the others first.
-    NoReleaseMark,
-    /// A gather that met a corrupt bucket counts it as empty and may
-    /// reject the line short.
-    CorruptCountsAsEmpty,
-    /// A reservation counts the customer's freed slots (refunded or
-    /// released orders) as used.
-    ReserveCountsFreed,
-    /// A refused reservation leaves nothing behind: a zombie delivery of
-    /// the same order may take a slot after the refusal.
-    RefusalForgotten,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Record {
-    /// Taken, waiting for the customer's reservation: `own` units of the
-    /// home bucket set aside (`Bucket::tentative`), the gifts not yet
-    /// credited.
-    Tentative {
-        customer: Cust,
-        units: Units,
-        own: Units,
-        credits: Vec<Credit>,
-    },
-    /// `credits`: every gift this deduction consumed.
-    Deducted {
-        customer: Cust,
-        units: Units,
-        credits: Vec<Credit>,
-    },
-    Reverted {
-        customer: Cust,
-        units: Units,
-        credits: Vec<Credit>,
-        by: Ev,
-    },
-    Tomb {
-        by: Ev,
-    },
-    /// Released for the event's rejection on another line: nothing
-    /// outstanding. `credits` stays, for the gifts' settlement.
-    Released {
-        customer: Cust,
-        units: Units,
-        credits: Vec<Credit>,
-    },
-}
-
-/// A record of the plain promotion Q (slot `{Q}`), by order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PlainRecord {
-    Deducted(i64),
-    /// Refunded after the event deducted it.
-    Reverted(i64),
-    /// A refund that found nothing: the order may not deduct here later.
-    Tomb,
-}
-
-/// The plain promotion of the mixed orders: one slot, each step one call.
-#[derive(Clone, Debug, Default)]
-pub struct Plain {
-    pub avail: i64,
-    pub initial: i64,
-    pub records: BTreeMap<Ev, PlainRecord>,
-    /// A line's rejection (`PlainShort`, `Refunded`) or `Released`, by event.
-    pub memos: BTreeMap<Ev, Placed>,
-}
-
-impl Plain {
-    pub fn deducted(&self) -> i64 {
-        self.records
-            .values()
-            .map(|r| match r {
-                PlainRecord::Deducted(u) => *u,
-                _ => 0,
-            })
-            .sum()
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gift {
-    Given(Units),
-    Settled(Units),
-    Returned,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct Bucket {
-    /// Units this bucket can deduct now.
-    pub avail: Units,
-    /// Units given away (to a line's gather or a transfer), not yet settled
-    /// or returned.
-    pub held: Units,
-    /// Units set aside by tentative deductions (waiting for the
-    /// customer's reservation).
-    pub tentative: Units,
-    /// Bumped whenever `avail` rises.
-    pub incr: u64,
-    /// Bumped by every notification of an increase elsewhere.
-    pub notify: u64,
-    /// Per other bucket j, while set: an upper bound on j's avail + held +
-    /// set aside. Set by a gather's rejection for the buckets it looked at;
-    /// raised by every notification of units on their way to j (a hint:
-    /// the destination and at most how much).
-    pub bounds: Vec<Option<Units>>,
-    /// Ids (refunds, transfers) about to add units here.
-    pub pending: BTreeSet<Ev>,
-    /// Per-customer limit, at the customer's home bucket: the orders
-    /// holding a reservation (`true`) or whose reservation was released
-    /// (`false`: kept, so a late delivery cannot take it again), and the
-    /// count of those holding one.
-    pub used: BTreeMap<Cust, u32>,
-    pub resv: BTreeMap<Ev, (Cust, bool)>,
-    /// Orders refused their reservation (`user_limit_reached` decided
-    /// here): a later delivery of the order is refused too, so no zombie
-    /// takes a slot for an order already rejected.
-    pub refused: BTreeSet<Ev>,
-    /// Deduction records by order (= placement event id).
-    pub records: BTreeMap<Ev, Record>,
-    pub memos: BTreeMap<Ev, Placed>,
-    pub refunds: BTreeMap<Ev, Refund>,
-    /// The current gather attempt of each event homed here.
-    pub attempt: BTreeMap<Ev, u32>,
-    /// Gifts given from here: (event or transfer, attempt) -> state, receiver.
-    pub gifts: BTreeMap<(Ev, u32), (Gift, usize)>,
-    /// Transfers and adjustments credited here, with the units credited.
-    pub credited_in: BTreeMap<Ev, Units>,
-    /// Adjustments that took units away here, with the units taken.
-    pub removed: BTreeMap<Ev, Units>,
-    /// The counters are unreadable (corrupt data) until repaired.
-    pub corrupt: bool,
-}
-
-#[derive(Clone, Debug)]
-pub struct Ledger {
-    pub b: Vec<Bucket>,
-    pub limit: Option<u32>,
-    pub initial: Units,
-    /// Ghost state: the sum of the operator's adjustments applied so far
-    /// (what `promo show` reports beside the initial amount).
-    pub adjusted: Units,
-    /// Ghost state, not in Redis: units off every bucket's books, by
-    /// (event or transfer, attempt, source).
-    pub transit: BTreeMap<(Ev, u32, usize), Units>,
-    pub mutant: Mutant,
-    /// Calls (Redis round trips) each bucket served: the cost model.
-    pub calls: Vec<u64>,
-    pub plain: Plain,
-}
-
-impl Ledger {
-    fn touch(&mut self, j: usize) {
-        self.calls[j] += 1;
-    }
-
-    pub fn new(k: usize, initial: Units, limit: Option<u32>, mutant: Mutant) -> Ledger {
-        let mut b = vec![Bucket::default(); k];
-        for (i, bucket) in b.iter_mut().enumerate() {
-            bucket.avail = initial.share(k, i);
-            bucket.bounds = vec![None; k];
-        }
-        Ledger {
-            b,
-            limit,
-            initial,
-            adjusted: Units::ZERO,
-            transit: BTreeMap::new(),
-            mutant,
-            calls: vec![0; k],
-            plain: Plain::default(),
-        }
-    }
-
-    /// With a plain promotion of `stock` units beside the bucketed one.
-    pub fn with_plain(mut self, stock: i64) -> Ledger {
-        self.plain.avail = stock;
-        self.plain.initial = stock;
-        self
-    }
-
-    pub fn k(&self) -> usize {
-        self.b.len()
-    }
-
-    /// Bucket j's counters turn unreadable.
-    pub fn corrupt(&mut self, j: usize) {
-        self.b[j].corrupt = true;
-    }
-
-    /// The operator repairs bucket j's counters: its bounds go (the
-    /// notifications it missed), and that counts as a notification.
-    pub fn repair(&mut self, j: usize) {
-        let b = &mut self.b[j];
-        b.corrupt = false;
-        b.bounds.iter_mut().for_each(|x| *x = None);
-        b.notify += 1;
-    }
-
-    /// The bucket that keeps customer C's reservations.
-    pub fn home(&self, c: Cust) -> usize {
-        c as usize % self.k()
-    }
-
-    /// The bucket that decides order O's lines and keeps its record.
-    pub fn order_home(&self, o: Ev) -> usize {
-        o as usize % self.k()
-    }
-
-    /// Units the promotion could still sell: in buckets and in transit.
-    pub fn strict_total(&self) -> Units {
-        self.b.iter().map(|b| b.avail + b.tentative).sum::<Units>()
-            + self.transit.values().copied().sum::<Units>()
-    }
-
-    pub fn deducted(&self) -> Units {
-        self.b
-            .iter()
-            .flat_map(|b| b.records.values())
-            .map(|r| match r {
-                Record::Deducted { units, .. } => *units,
-                _ => Units::ZERO,
-            })
-            .sum()
-    }
-
-    /// Up to `units` are on their way to bucket j: every other bucket
-    /// hears it and raises its bound of j by as much.
-    fn notify_all_but(&mut self, j: usize, units: Units) {
-        for (m, b) in self.b.iter_mut().enumerate() {
-            if m != j && !b.corrupt {
-                self.calls[m] += 1;
-                b.notify += 1;
-                if let Some(x) = b.bounds[j].as_mut() {
-                    *x += units;
-                }
-            }
-        }
-    }
-
-    /// A line's give at bucket j for (id, attempt a): up to `want` more
-    /// units, added to what (id, a) already holds here. Replies with the
-    /// total (id, a) holds here and whether a line with a lower id holds
-    /// units here too (then this line is the junior and yields).
-    fn give(&mut self, j: usize, id: Ev, a: u32, want: Units, receiver: usize) -> (Units, bool) {
-        // A gift of an earlier attempt can never be credited (the home has
-        // moved past it): a delivery that crashed before returning it left
-        // it here. It goes back first.
-        let stale: Vec<u32> = self.b[j]
-            .gifts
-            .range((id, 0)..(id, a))
-            .filter(|(_, (g, _))| matches!(g, Gift::Given(_)))
-            .map(|(k, _)| k.1)
-            .collect();
-        for old in stale {
-            self.give_back(j, id, old);
-        }
-        let senior = self.b[j].senior_holds(id);
-        let mutant = self.mutant;
-        let b = &mut self.b[j];
-        let had = match b.gifts.get(&(id, a)).map(|g| g.0) {
-            Some(Gift::Given(x)) => x,
-            // Decided (settled) or yielded (returned): nothing more.
-            Some(Gift::Settled(x)) => return (x, senior),
-            Some(Gift::Returned) => return (Units::ZERO, senior),
-            None => Units::ZERO,
-        };
-        let g = b.avail.min(want).pos();
-        b.avail -= g;
-        b.held += g;
-        if g.any_pos() {
-            *self.transit.entry((id, a, j)).or_insert(Units::ZERO) += g;
-        }
-        if mutant == Mutant::NoGiftMemo {
-            // The units leave, but nothing here says to whom.
-            b.held -= g;
-            return (had + g, senior);
-        }
-        b.gifts.insert((id, a), (Gift::Given(had + g), receiver));
-        (had + g, senior)
-    }
-
-    /// Return gift (id, a) to bucket j, if it is still given.
-    fn give_back(&mut self, j: usize, id: Ev, a: u32) {
-        let b = &mut self.b[j];
-        if let Some((Gift::Given(g), to)) = b.gifts.get(&(id, a)).copied() {
-            if g.any_pos() {
-                b.avail += g;
-                b.held -= g;
-                b.incr += 1;
-            }
-            b.gifts.insert((id, a), (Gift::Returned, to));
-            self.transit.remove(&(id, a, j));
-        }
-    }
-
-    /// Settle bucket j's gifts of event `id` after its decision: what the
-    /// decision consumed is settled, the rest is returned.
-    fn settle_event(&mut self, j: usize, id: Ev, credited: &[Credit]) {
-        let keys: Vec<(Ev, u32)> = self.b[j]
-            .gifts
-            .range((id, 0)..=(id, u32::MAX))
-            .map(|(k, _)| *k)
-            .collect();
-        for (e, a) in keys {
-            let used: Units = credited
-                .iter()
-                .filter(|c| c.from == j && c.attempt == a)
-                .map(|c| c.units)
-                .sum();
-            let b = &mut self.b[j];
-            if let Some((Gift::Given(g), to)) = b.gifts.get(&(e, a)).copied() {
-                let back = g - used;
-                b.held -= g;
-                if back.any_pos() {
-                    b.avail += back;
-                    b.incr += 1;
-                    self.transit.remove(&(e, a, j));
-                }
-                b.gifts.insert((e, a), (Gift::Settled(used), to));
-            }
-        }
-    }
-
-    /// The sweeper (`promo rebalance` runs it first): settles or returns
-    /// every gift of a decided event, and finishes every transfer.
-    pub fn sweep(&mut self, transfers: &BTreeMap<Ev, (usize, usize, Units)>) {
-        for j in 0..self.k() {
-            if self.b[j].corrupt {
-                continue;
-            }
-            let open: Vec<((Ev, u32), usize)> = self.b[j]
-                .gifts
-                .iter()
-                .filter(|(_, (g, _))| matches!(g, Gift::Given(_)))
-                .map(|(k, (_, to))| (*k, *to))
-                .collect();
-            for ((id, a), to) in open {
-                if let Some(&(_, dest, n)) = transfers.get(&id) {
-                    if self.b[dest].corrupt {
-                        continue;
-                    }
-                    let mut t = Transfer::new(id, j, dest, n);
-                    while t.step(self).is_none() {}
-                    continue;
-                }
-                let home = &self.b[to];
-                let credited = match home.records.get(&id) {
-                    Some(Record::Deducted { credits, .. })
-                    | Some(Record::Reverted { credits, .. })
-                    | Some(Record::Released { credits, .. }) => Some(credits.clone()),
-                    _ if home.memos.contains_key(&id) => Some(Vec::new()),
-                    _ => None,
-                };
-                match credited {
-                    Some(c) => self.settle_event(j, id, &c),
-                    None if home.attempt.get(&id).is_some_and(|cur| *cur > a) => {
-                        self.give_back(j, id, a)
-                    }
-                    None => {}
-                }
-            }
-        }
-    }
-}
-
-impl Bucket {
-    /// Whether a line with an id lower than `id` holds units given here.
-    fn senior_holds(&self, id: Ev) -> bool {
-        self.gifts
-            .range(..(id, 0))
-            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if x.any_pos()))
-    }
-
-    /// Release order O's reservation, if it holds one (idempotent: the
-    /// entry stays, released, so a late delivery cannot take it again).
-    fn release(&mut self, order: Ev) {
-        if let Some((c, held)) = self.resv.get_mut(&order) {
-            if *held {
-                *held = false;
-                if let Some(u) = self.used.get_mut(c) {
-                    *u -= 1;
-                }
-            }
-        }
-    }
-
-    /// A deduction of `order` goes back here (a refund's or a release's
-    /// give-back): its units return, `incr` moves, and the record becomes
-    /// `into(customer, units, credits)`. The customer and the units, if
-    /// the order held a deduction.
-    fn give_back(
-        &mut self,
-        order: Ev,
-        into: impl FnOnce(Cust, Units, Vec<Credit>) -> Record,
-    ) -> Option<(Cust, Units)> {
-        let Some(Record::Deducted {
-            customer,
-            units,
-            credits,
-        }) = self.records.get(&order).cloned()
-        else {
-            return None;
-        };
-        self.avail += units;
-        self.incr += 1;
-        self.records.insert(order, into(customer, units, credits));
-        Some((customer, units))
-    }
-
-    /// Whether `id` holds units given here, in any attempt.
-    fn holds(&self, id: Ev) -> bool {
-        self.gifts
-            .range((id, 0)..=(id, u32::MAX))
-            .any(|(_, (g, _))| matches!(g, Gift::Given(x) if x.any_pos()))
-    }
-}
-
-/// A gift a deduction consumed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Credit {
-    pub from: usize,
-    pub attempt: u32,
-    pub units: Units,
-}
+use super::bucket::*;
 
 /// What one step of a delivery reports to the harness.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -640,6 +49,15 @@ pub enum Report {
         dim: Dim,
     },
     Done(Outcome),
+}
+
+/// Up to `units` are on their way to bucket j: every other bucket hears it
+/// and raises its bound of j by as much (one call each, in a row).
+fn notify_all_but(l: &mut Ledger, j: usize, units: Units) {
+    for m in (0..l.k()).filter(|m| *m != j) {
+        // A corrupt bucket answers CORRUPT: its repair clears its bounds.
+        let _ = l.call(m, Op::Notify { to: j, units });
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -672,6 +90,7 @@ pub struct Place {
     pub cust: Cust,
     pub units: Units,
     home: usize,
+    k: usize,
     step: PStep,
     a: u32,
     incr0: u64,
@@ -704,6 +123,10 @@ pub struct Place {
     pub refusals: u32,
 }
 
+fn unexpected(what: &str, r: Reply) -> ! {
+    unreachable!("{what} answered {r:?}")
+}
+
 impl Place {
     pub fn new(ev: Ev, cust: Cust, units: Units, k: usize) -> Place {
         Place {
@@ -711,6 +134,7 @@ impl Place {
             cust,
             units,
             home: ev as usize % k,
+            k,
             step: PStep::Hop1,
             a: 0,
             incr0: 0,
@@ -738,39 +162,23 @@ impl Place {
         self.peeks.iter().map(|p| p.1 + p.2).sum()
     }
 
-    fn other(&self, l: &Ledger, i: usize) -> usize {
-        (self.home + 1 + i) % l.k()
-    }
-
-    /// An earlier decision at home, if any: (outcome, credited gifts).
-    fn decided(&self, l: &Ledger) -> Option<(Placed, Vec<Credit>)> {
-        let b = &l.b[self.home];
-        if let Some(d) = b.memos.get(&self.ev) {
-            return Some((*d, Vec::new()));
-        }
-        match b.records.get(&self.ev) {
-            Some(Record::Deducted { units, credits, .. })
-            | Some(Record::Reverted { units, credits, .. }) => {
-                Some((Placed::Accepted(*units), credits.clone()))
-            }
-            Some(Record::Released { credits, .. }) => Some((Placed::Released, credits.clone())),
-            _ => None,
-        }
+    fn other(&self, i: usize) -> usize {
+        (self.home + 1 + i) % self.k
     }
 
     /// Ends with `outcome`; an event that ever gathered settles its gifts
     /// in every other bucket first.
-    fn finish(&mut self, l: &Ledger, outcome: Placed, credited: Vec<Credit>) -> Report {
+    fn finish(&mut self, outcome: Placed, credited: Vec<Credit>) -> Report {
         self.outcome = Some(outcome);
         self.credited = credited;
-        if outcome == Placed::Limit && l.limit.is_some() {
+        if outcome == Placed::Limit {
             self.step = PStep::Unreserve;
             return Report::Running;
         }
-        self.after_decision(l)
+        self.after_decision()
     }
 
-    fn after_decision(&mut self, _l: &Ledger) -> Report {
+    fn after_decision(&mut self) -> Report {
         let outcome = self.outcome.expect("a decision before its cleanup");
         if let Some(&j) = self.holds_at.iter().next() {
             self.cleanup = true;
@@ -779,6 +187,12 @@ impl Place {
         } else {
             Report::Done(Outcome::Placed(outcome))
         }
+    }
+
+    /// A short decision (its memo written at home).
+    fn short(&mut self, dim: Dim, fast: bool) -> Report {
+        let _ = self.finish(Placed::Short(dim), Vec::new());
+        Report::Short { fast, dim }
     }
 
     fn restart(&mut self) -> Report {
@@ -816,182 +230,99 @@ impl Place {
         Report::Running
     }
 
-    /// Decided `corrupt_promotion` at home (remembered under the memo).
-    fn corrupt(&mut self, l: &mut Ledger) -> Report {
-        l.b[self.home].memos.insert(self.ev, Placed::Corrupt);
-        self.finish(l, Placed::Corrupt, Vec::new())
-    }
-
     /// Whether the delivery is backing off (see `wait`).
     pub fn waiting(&self) -> bool {
         self.waiting
     }
 
-    /// The checks every step at home makes before deciding anything: an
-    /// earlier decision, a tombstone, a tentative deduction waiting for its
-    /// reservation (then that is what this delivery finishes).
-    fn home_checks(&mut self, l: &mut Ledger) -> Option<Report> {
-        if let Some((d, c)) = self.decided(l) {
-            return Some(self.finish(l, d, c));
-        }
-        let b = &mut l.b[self.home];
-        match b.records.get(&self.ev) {
-            Some(Record::Tomb { .. }) => {
-                b.memos.insert(self.ev, Placed::Refunded);
-                Some(self.finish(l, Placed::Refunded, Vec::new()))
-            }
-            Some(Record::Tentative { .. }) => {
+    /// The replies every call at home may give: a decision, or a tentative
+    /// deduction waiting for its reservation (then that is what this
+    /// delivery finishes).
+    fn at_home(&mut self, r: Reply, what: &str) -> Report {
+        match r {
+            Reply::Decided(p, c) => self.finish(p, c),
+            Reply::Tentative => {
                 self.step = PStep::Reserve;
-                Some(Report::Running)
+                Report::Running
             }
-            _ => None,
+            Reply::Restart => self.restart(),
+            Reply::Short { dim, fast } => self.short(dim, fast),
+            r => unexpected(what, r),
         }
     }
 
-    /// Take `own` units of the home bucket and the gifts `credits`: at once
-    /// when the promotion has no per-customer limit, else tentatively until
-    /// the customer's reservation is taken.
-    fn take(&mut self, l: &mut Ledger, own: Units, credits: Vec<Credit>) -> Report {
-        let b = &mut l.b[self.home];
-        b.avail -= own;
-        b.tentative += own;
-        b.records.insert(
-            self.ev,
-            Record::Tentative {
-                customer: self.cust,
-                units: self.units,
-                own,
-                credits,
-            },
-        );
-        if l.limit.is_some() {
-            self.step = PStep::Reserve;
-            Report::Running
-        } else {
-            self.settle(l)
+    /// A gather starts from what the home held when the line looked.
+    fn gather(&mut self, l: &Ledger, g: Gather) -> Report {
+        if g.a != self.a {
+            self.mine.clear();
         }
-    }
-
-    /// The tentative deduction at home becomes the deduction.
-    fn settle(&mut self, l: &mut Ledger) -> Report {
-        let b = &mut l.b[self.home];
-        let Some(Record::Tentative {
-            customer,
-            units,
-            own,
-            credits,
-        }) = b.records.get(&self.ev).cloned()
-        else {
-            return self.restart();
-        };
-        b.tentative -= own;
-        b.records.insert(
-            self.ev,
-            Record::Deducted {
-                customer,
-                units,
-                credits: credits.clone(),
-            },
-        );
-        for c in &credits {
-            let key = (self.ev, c.attempt, c.from);
-            if let Some(t) = l.transit.get_mut(&key) {
-                *t -= c.units;
-                if *t == Units::ZERO {
-                    l.transit.remove(&key);
-                }
-            }
+        self.a = g.a;
+        self.incr0 = g.incr;
+        self.notify0 = g.notify;
+        self.avail0 = g.avail;
+        self.held0 = g.held;
+        self.pending_seen = g.pending;
+        self.saw_corrupt = false;
+        self.junior = g.senior;
+        self.peeks.clear();
+        // A bucket whose bound is zero in every dimension the line is
+        // missing has nothing for it, and nothing can reach it unheard: no
+        // need to look.
+        let missing = (self.units - self.avail0 - self.held0).pos();
+        self.to_peek = (0..l.k() - 1)
+            .map(|i| self.other(i))
+            .filter(|j| !matches!(g.bounds[*j], Some(x) if !x.min(missing).any_pos()))
+            .collect();
+        if self.to_peek.is_empty() {
+            return self.looked();
         }
-        self.finish(l, Placed::Accepted(units), credits)
+        self.step = PStep::Peek(0);
+        Report::Running
     }
 
     pub fn step(&mut self, l: &mut Ledger) -> Report {
         let k = l.k();
+        let ev = self.ev;
         match self.step {
             PStep::Hop1 => {
-                l.touch(self.home);
                 self.waiting = false;
-                if let Some(r) = self.home_checks(l) {
-                    return r;
+                let r = l.call(
+                    self.home,
+                    Op::Start {
+                        ev,
+                        cust: self.cust,
+                        units: self.units,
+                    },
+                );
+                match r {
+                    Reply::Wait => self.wait(),
+                    Reply::Gather(g) => self.gather(l, g),
+                    r => self.at_home(r, "Start"),
                 }
-                let h = self.home;
-                if l.b[h].corrupt {
-                    return self.corrupt(l);
-                }
-                let b = &mut l.b[h];
-                if b.avail.covers(self.units) {
-                    return self.take(l, self.units, Vec::new());
-                }
-                let bound: Option<Units> = (0..k)
-                    .filter(|j| *j != h)
-                    .map(|j| b.bounds[j])
-                    .sum::<Option<Units>>();
-                if let Some(bound) = bound {
-                    let most = b.avail + b.held + b.tentative + bound;
-                    if let (true, Some(dim)) = (b.pending.is_empty(), most.short_of(self.units)) {
-                        b.memos.insert(self.ev, Placed::Short(dim));
-                        let _ = self.finish(l, Placed::Short(dim), Vec::new());
-                        return Report::Short { fast: true, dim };
-                    }
-                }
-                if k == 1 {
-                    if (b.tentative + b.held).any_pos() || !b.pending.is_empty() {
-                        // Units set aside for a line still waiting for its
-                        // reservation may come back: not short yet.
-                        return self.wait();
-                    }
-                    let dim = b.avail.short_of(self.units).unwrap_or(Dim::Stock);
-                    b.memos.insert(self.ev, Placed::Short(dim));
-                    self.outcome = Some(Placed::Short(dim));
-                    return Report::Short { fast: false, dim };
-                }
-                let a = *b.attempt.entry(self.ev).or_insert(0);
-                if a != self.a {
-                    self.mine.clear();
-                }
-                self.a = a;
-                self.incr0 = b.incr;
-                self.notify0 = b.notify;
-                self.avail0 = b.avail;
-                self.held0 = b.held + b.tentative;
-                self.pending_seen = !b.pending.is_empty();
-                self.saw_corrupt = false;
-                self.junior = b.senior_holds(self.ev);
-                self.peeks.clear();
-                // A bucket whose bound is zero in every dimension the line
-                // is missing has nothing for it, and nothing can reach it
-                // unheard: no need to look.
-                let missing = (self.units - self.avail0 - self.held0).pos();
-                self.to_peek = (0..k - 1)
-                    .map(|i| self.other(l, i))
-                    .filter(|j| !matches!(l.b[h].bounds[*j], Some(x) if !x.min(missing).any_pos()))
-                    .collect();
-                if self.to_peek.is_empty() {
-                    return self.looked();
-                }
-                self.step = PStep::Peek(0);
-                Report::Running
             }
             PStep::Peek(i) => {
                 let j = self.to_peek[i];
-                l.touch(j);
-                let b = &l.b[j];
-                if b.corrupt {
-                    // Unknown: served from the others, never short.
-                    if l.mutant != Mutant::CorruptCountsAsEmpty {
-                        self.saw_corrupt = true;
-                    }
-                    self.peeks
-                        .push((j, Units::ZERO, Units::ZERO, b.holds(self.ev)));
-                } else {
-                    self.peeks
-                        .push((j, b.avail, b.held + b.tentative, b.holds(self.ev)));
+                let Reply::Peeked {
+                    corrupt,
+                    avail,
+                    held,
+                    holds,
+                    pending,
+                    senior,
+                } = l.call(j, Op::Peek { ev })
+                else {
+                    unreachable!("Peek answers Peeked")
+                };
+                // Unknown: served from the others, never short.
+                if corrupt && l.mutant != Mutant::CorruptCountsAsEmpty {
+                    self.saw_corrupt = true;
                 }
-                if b.holds(self.ev) {
+                self.peeks.push((j, avail, held, holds));
+                if holds {
                     self.holds_at.insert(j);
                 }
-                self.pending_seen |= !b.pending.is_empty();
-                self.junior |= b.senior_holds(self.ev);
+                self.pending_seen |= pending;
+                self.junior |= senior;
                 if i + 1 < self.to_peek.len() {
                     self.step = PStep::Peek(i + 1);
                     return Report::Running;
@@ -999,45 +330,23 @@ impl Place {
                 self.looked()
             }
             PStep::FinalReject => {
-                l.touch(self.home);
-                if let Some(r) = self.home_checks(l) {
-                    return r;
-                }
-                if l.b[self.home].corrupt {
-                    return self.corrupt(l);
-                }
-                let mutant = l.mutant;
-                let bound = self.peeked();
-                let b = &mut l.b[self.home];
-                // Every way units reach a bucket (a refund, a transfer)
-                // notifies every other bucket before they arrive, and marks
-                // the bucket they go to: a line whose home heard nothing
-                // while it looked saw every unit there was.
-                let heard = b.notify != self.notify0 && mutant != Mutant::RejectIgnoresNotify;
-                if b.attempt.get(&self.ev) != Some(&self.a)
-                    || b.incr != self.incr0
-                    || !b.pending.is_empty()
-                    || heard
-                {
-                    return self.restart();
-                }
-                if self.saw_corrupt {
-                    return self.corrupt(l);
-                }
                 // The first dimension all of it could not cover.
-                let dim = (self.avail0 + self.held0 + bound)
+                let dim = (self.avail0 + self.held0 + self.peeked())
                     .short_of(self.units)
                     .unwrap_or(Dim::Stock);
-                if mutant != Mutant::NoShortMemo {
-                    b.memos.insert(self.ev, Placed::Short(dim));
-                }
-                // What it saw bounds each bucket it looked at; the others
-                // keep theirs (zero in what the line was missing).
-                for &(j, avail, held, _) in &self.peeks {
-                    b.bounds[j] = Some(avail + held);
-                }
-                let _ = self.finish(l, Placed::Short(dim), Vec::new());
-                Report::Short { fast: false, dim }
+                let r = l.call(
+                    self.home,
+                    Op::Reject {
+                        ev,
+                        a: self.a,
+                        incr: self.incr0,
+                        notify: self.notify0,
+                        dim,
+                        saw_corrupt: self.saw_corrupt,
+                        seen: self.peeks.iter().map(|p| (p.0, p.1 + p.2)).collect(),
+                    },
+                );
+                self.at_home(r, "Reject")
             }
             PStep::Give(i) => {
                 let missing =
@@ -1048,172 +357,129 @@ impl Place {
                 }
                 let (j, avail, _, mine) = self.peeks[i];
                 self.step = PStep::Give(i + 1);
-                if (avail.min(missing).any_pos() || mine) && !l.b[j].corrupt {
-                    l.touch(j);
-                    let (total, senior) = l.give(j, self.ev, self.a, missing, self.home);
-                    self.mine.insert(j, total);
-                    self.holds_at.insert(j);
-                    if senior {
-                        self.step = PStep::Yield;
+                if avail.min(missing).any_pos() || mine {
+                    let r = l.call(
+                        j,
+                        Op::Give {
+                            ev,
+                            a: self.a,
+                            want: missing,
+                            receiver: self.home,
+                        },
+                    );
+                    match r {
+                        Reply::Gave { total, senior } => {
+                            self.mine.insert(j, total);
+                            self.holds_at.insert(j);
+                            if senior {
+                                self.step = PStep::Yield;
+                            }
+                        }
+                        // Unknown: the line goes on without it.
+                        Reply::Corrupt => {}
+                        r => unexpected("Give", r),
                     }
                 }
                 Report::Running
             }
             PStep::FinalAccept => {
-                l.touch(self.home);
-                if let Some(r) = self.home_checks(l) {
-                    return r;
-                }
-                if l.b[self.home].corrupt {
-                    return self.corrupt(l);
-                }
-                let b = &mut l.b[self.home];
-                if b.attempt.get(&self.ev) != Some(&self.a) {
-                    self.step = PStep::Yield;
-                    return Report::Running;
-                }
-                let sum: Units = self.mine.values().copied().sum();
-                if !(b.avail + sum).covers(self.units) {
-                    // Units went elsewhere meanwhile: look again, keeping
-                    // what this attempt holds.
-                    return self.restart();
-                }
-                // The home's own units first, then only as much of the
-                // gifts as the line still needs: the rest stays with its
-                // source and goes back there at the cleanup. (Crediting a
-                // surplus here would move units between buckets behind the
-                // bounds' back.)
-                let from_home = b.avail.min(self.units);
-                let mut need = self.units - from_home;
-                let mut credits: Vec<Credit> = Vec::new();
-                for (j, u) in &self.mine {
-                    let take = need.min(*u);
-                    if take.any_pos() {
-                        credits.push(Credit {
-                            from: *j,
-                            attempt: self.a,
-                            units: take,
-                        });
-                        need -= take;
+                let r = l.call(
+                    self.home,
+                    Op::Accept {
+                        ev,
+                        cust: self.cust,
+                        units: self.units,
+                        a: self.a,
+                        mine: self.mine.iter().map(|(j, u)| (*j, *u)).collect(),
+                    },
+                );
+                match r {
+                    Reply::Yield => {
+                        self.step = PStep::Yield;
+                        Report::Running
                     }
+                    r => self.at_home(r, "Accept"),
                 }
-                self.take(l, from_home, credits)
             }
-            PStep::Yield => {
-                l.touch(self.home);
-                // Decided meanwhile (by another delivery): the decision's
-                // cleanup settles, never a blind return.
-                if let Some(r) = self.home_checks(l) {
-                    return r;
+            PStep::Yield => match l.call(self.home, Op::Yield { ev, a: self.a }) {
+                Reply::Ok => {
+                    self.step = PStep::ReturnAll(0);
+                    Report::Running
                 }
-                let b = &mut l.b[self.home];
-                if b.attempt.get(&self.ev) == Some(&self.a) {
-                    b.attempt.insert(self.ev, self.a + 1);
-                }
-                self.step = PStep::ReturnAll(0);
-                Report::Running
-            }
+                r => self.at_home(r, "Yield"),
+            },
             PStep::ReturnAll(i) => {
-                let j = self.other(l, i);
-                l.touch(j);
-                if l.b[j].corrupt {
+                let j = self.other(i);
+                match l.call(j, Op::ReturnAll { ev, upto: self.a }) {
                     // Back off: the give-back waits for the repair.
-                    return Report::Running;
+                    Reply::Corrupt => Report::Running,
+                    Reply::Ok if i + 2 < k => {
+                        self.step = PStep::ReturnAll(i + 1);
+                        Report::Running
+                    }
+                    Reply::Ok => {
+                        self.mine.clear();
+                        self.restart()
+                    }
+                    r => unexpected("ReturnAll", r),
                 }
-                for a in 0..=self.a {
-                    l.give_back(j, self.ev, a);
-                }
-                if i + 2 < k {
-                    self.step = PStep::ReturnAll(i + 1);
-                    return Report::Running;
-                }
-                self.mine.clear();
-                self.restart()
             }
             PStep::Reserve => {
                 let hc = l.home(self.cust);
-                l.touch(hc);
-                let limit = l.limit.unwrap_or(u32::MAX);
-                let b = &mut l.b[hc];
-                let ok = if b.refused.contains(&self.ev) {
-                    // Decided before: the same answer (no new count).
-                    false
-                } else if b.resv.contains_key(&self.ev) {
-                    // Taken before (or taken and released by a refund: the
-                    // order is decided, and Settle finds that).
-                    true
-                } else if l.mutant == Mutant::ReserveCountsFreed
-                    && b.resv.values().filter(|r| r.0 == self.cust).count() as u32 >= limit
-                {
-                    self.refusals += 1;
-                    b.refused.insert(self.ev);
-                    false
-                } else if b.used.get(&self.cust).copied().unwrap_or(0) < limit {
-                    b.resv.insert(self.ev, (self.cust, true));
-                    *b.used.entry(self.cust).or_insert(0) += 1;
-                    true
-                } else {
-                    self.refusals += 1;
-                    if l.mutant != Mutant::RefusalForgotten {
-                        b.refused.insert(self.ev);
-                    }
-                    false
+                let r = l.call(
+                    hc,
+                    Op::Reserve {
+                        order: ev,
+                        cust: self.cust,
+                    },
+                );
+                let Reply::Reserved { ok, refused_now } = r else {
+                    unexpected("Reserve", r)
                 };
+                if refused_now {
+                    self.refusals += 1;
+                }
                 self.step = if ok { PStep::Settle } else { PStep::Undo };
                 Report::Running
             }
-            PStep::Settle => {
-                l.touch(self.home);
-                if let Some((d, c)) = self.decided(l) {
-                    return self.finish(l, d, c);
+            PStep::Settle | PStep::Undo => {
+                let op = if self.step == PStep::Settle {
+                    Op::Settle { ev }
+                } else {
+                    Op::Undo { ev }
+                };
+                match l.call(self.home, op) {
+                    // Back off until the repair.
+                    Reply::Corrupt => Report::Running,
+                    r => self.at_home(r, "Settle or Undo"),
                 }
-                if l.b[self.home].corrupt {
-                    return Report::Running;
-                }
-                self.settle(l)
-            }
-            PStep::Undo => {
-                l.touch(self.home);
-                if let Some((d, c)) = self.decided(l) {
-                    return self.finish(l, d, c);
-                }
-                if l.b[self.home].corrupt {
-                    return Report::Running;
-                }
-                let b = &mut l.b[self.home];
-                if let Some(Record::Tentative { own, .. }) = b.records.get(&self.ev).cloned() {
-                    b.records.remove(&self.ev);
-                    b.tentative -= own;
-                    if own.any_pos() {
-                        b.avail += own;
-                        b.incr += 1;
-                    }
-                    b.memos.insert(self.ev, Placed::Limit);
-                    // The gifts were never credited: the cleanup returns them.
-                    return self.finish(l, Placed::Limit, Vec::new());
-                }
-                self.restart()
             }
             PStep::Unreserve => {
                 let hc = l.home(self.cust);
-                l.touch(hc);
-                l.b[hc].release(self.ev);
-                self.after_decision(l)
+                let _ = l.call(hc, Op::Unreserve { order: ev });
+                self.after_decision()
             }
             PStep::Cleanup(j) => {
-                l.touch(j);
-                if l.b[j].corrupt {
-                    return Report::Running;
+                let r = l.call(
+                    j,
+                    Op::Cleanup {
+                        ev,
+                        credited: self.credited.clone(),
+                    },
+                );
+                match r {
+                    Reply::Corrupt => Report::Running,
+                    Reply::Ok => {
+                        if let Some(&next) = self.holds_at.range(j + 1..).next() {
+                            self.step = PStep::Cleanup(next);
+                            return Report::Running;
+                        }
+                        Report::Done(Outcome::Placed(
+                            self.outcome.expect("a decision before its cleanup"),
+                        ))
+                    }
+                    r => unexpected("Cleanup", r),
                 }
-                let credited = self.credited.clone();
-                l.settle_event(j, self.ev, &credited);
-                if let Some(&next) = self.holds_at.range(j + 1..).next() {
-                    self.step = PStep::Cleanup(next);
-                    return Report::Running;
-                }
-                Report::Done(Outcome::Placed(
-                    self.outcome.expect("a decision before its cleanup"),
-                ))
             }
         }
     }
@@ -1263,121 +529,63 @@ impl RefundRun {
 
     pub fn step(&mut self, l: &mut Ledger) -> Report {
         let h = l.order_home(self.order);
+        let (ev, order) = (self.ev, self.order);
         match self.step {
             RStep::Plain => {
                 // rollback.lua on the plain line: revert a deduction, or
                 // leave a tombstone so the order cannot deduct here later.
                 let q = &mut l.plain;
-                match q.records.get(&self.order).copied() {
+                match q.records.get(&order).copied() {
                     Some(PlainRecord::Deducted(u)) => {
                         q.avail += u;
-                        q.records.insert(self.order, PlainRecord::Reverted(u));
+                        q.records.insert(order, PlainRecord::Reverted(u));
                     }
                     Some(_) => {}
                     None => {
-                        q.records.insert(self.order, PlainRecord::Tomb);
+                        q.records.insert(order, PlainRecord::Tomb);
                     }
                 }
                 self.step = RStep::Look;
                 Report::Running
             }
-            RStep::Look => {
-                l.touch(h);
-                let mutant = l.mutant;
-                let b = &mut l.b[h];
-                if b.refunds.get(&self.ev) == Some(&Refund::Corrupt) {
-                    return Report::Done(Outcome::Refund(Refund::Corrupt));
+            RStep::Look => match l.call(h, Op::RefundLook { ev, order }) {
+                Reply::Refund(r) => Report::Done(Outcome::Refund(r)),
+                Reply::Release(customer, units) => {
+                    self.step = RStep::Release(customer, units);
+                    Report::Running
                 }
-                match b.records.get(&self.order).cloned() {
-                    Some(Record::Reverted {
-                        by,
-                        customer,
-                        units,
-                        ..
-                    }) if by == self.ev => {
-                        // Reverted by this refund: a mark it left goes, and
-                        // the reservation is released (again: idempotent).
-                        b.pending.remove(&self.ev);
-                        self.step = RStep::Release(customer, units);
-                    }
-                    Some(Record::Reverted { .. }) => {
-                        b.pending.remove(&self.ev);
-                        return Report::Done(Outcome::Refund(Refund::AlreadyReverted));
-                    }
-                    Some(Record::Deducted { .. }) if b.corrupt => {
-                        // rollback.lua's corrupt data: rejected and
-                        // remembered; a mark an earlier delivery left goes.
-                        b.pending.remove(&self.ev);
-                        b.refunds.insert(self.ev, Refund::Corrupt);
-                        return Report::Done(Outcome::Refund(Refund::Corrupt));
-                    }
-                    Some(Record::Deducted { units, .. }) => {
-                        // Units are about to come back here: mark first, so
-                        // no gather rejects while they are on their way.
-                        if mutant == Mutant::NoPendingMark {
-                            self.step = RStep::Revert;
-                        } else {
-                            b.pending.insert(self.ev);
-                            self.step = RStep::Notify(units);
-                        }
-                    }
-                    // A placement still waiting for its reservation (a
-                    // zombie delivery): look again once it has settled.
-                    Some(Record::Tentative { .. }) => {}
-                    // Released for the event's rejection (perhaps after a
-                    // crashed delivery of this refund marked the bucket).
-                    Some(Record::Released { .. }) => {
-                        b.pending.remove(&self.ev);
-                        return Report::Done(Outcome::Refund(Refund::NoDeduction));
-                    }
-                    Some(Record::Tomb { .. }) => {
-                        return Report::Done(Outcome::Refund(Refund::NoDeduction))
-                    }
-                    None => {
-                        b.records.insert(self.order, Record::Tomb { by: self.ev });
-                        b.refunds.insert(self.ev, Refund::NoDeduction);
-                        return Report::Done(Outcome::Refund(Refund::NoDeduction));
-                    }
+                Reply::Marked(units) => {
+                    // Marked: units are about to come back here; the others
+                    // hear it before they do.
+                    self.step = if l.mutant == Mutant::NoPendingMark {
+                        RStep::Revert
+                    } else {
+                        RStep::Notify(units)
+                    };
+                    Report::Running
                 }
-                Report::Running
-            }
+                // A placement still waiting for its reservation (a zombie
+                // delivery): look again once it has settled.
+                Reply::Wait => Report::Running,
+                r => unexpected("RefundLook", r),
+            },
             RStep::Notify(units) => {
-                l.notify_all_but(h, units);
+                notify_all_but(l, h, units);
                 self.step = RStep::Revert;
                 Report::Running
             }
             RStep::Revert => {
-                l.touch(h);
-                let b = &mut l.b[h];
-                b.pending.remove(&self.ev);
-                if b.refunds.get(&self.ev) == Some(&Refund::Corrupt) {
-                    return Report::Done(Outcome::Refund(Refund::Corrupt));
-                }
-                if b.corrupt && matches!(b.records.get(&self.order), Some(Record::Deducted { .. }))
-                {
-                    b.refunds.insert(self.ev, Refund::Corrupt);
-                    return Report::Done(Outcome::Refund(Refund::Corrupt));
-                }
-                let by = self.ev;
-                let back = b.give_back(self.order, |customer, units, credits| Record::Reverted {
-                    customer,
-                    units,
-                    credits,
-                    by,
-                });
-                match back {
-                    Some((customer, units)) => {
-                        b.refunds.insert(self.ev, Refund::Applied(units));
-                        self.step = RStep::Release(customer, units);
-                    }
-                    None => self.step = RStep::Look,
+                match l.call(h, Op::RefundRevert { ev, order }) {
+                    Reply::Refund(r) => return Report::Done(Outcome::Refund(r)),
+                    Reply::Release(customer, units) => self.step = RStep::Release(customer, units),
+                    Reply::Relook => self.step = RStep::Look,
+                    r => unexpected("RefundRevert", r),
                 }
                 Report::Running
             }
             RStep::Release(customer, units) => {
                 let hc = l.home(customer);
-                l.touch(hc);
-                l.b[hc].release(self.order);
+                let _ = l.call(hc, Op::Unreserve { order });
                 Report::Done(Outcome::Refund(Refund::Applied(units)))
             }
         }
@@ -1444,51 +652,31 @@ impl Adjust {
     /// One step; `Some(())` once finished.
     pub fn step(&mut self, l: &mut Ledger) -> Option<()> {
         let k = l.k();
+        let id = self.id;
         match self.step {
-            AStep::Mark(j) => {
-                l.touch(j);
-                let mutant = l.mutant;
-                let b = &mut l.b[j];
-                if b.credited_in.contains_key(&self.id) {
-                    return self.next(l, j);
-                }
-                if mutant == Mutant::AdjustNoNotify {
-                    self.step = AStep::Credit(j);
-                } else {
-                    b.pending.insert(self.id);
-                    self.step = AStep::Notify(j);
-                }
-            }
+            AStep::Mark(j) => match l.call(j, Op::AdjustMark { id }) {
+                // Credited before.
+                Reply::Amount(_) => return self.next(l, j),
+                Reply::Ok if l.mutant == Mutant::AdjustNoNotify => self.step = AStep::Credit(j),
+                Reply::Ok => self.step = AStep::Notify(j),
+                r => unexpected("AdjustMark", r),
+            },
             AStep::Notify(j) => {
-                l.notify_all_but(j, self.n.share(k, j));
+                notify_all_but(l, j, self.n.share(k, j));
                 self.step = AStep::Credit(j);
             }
-            AStep::Credit(j) if l.b[j].corrupt => {}
-            AStep::Credit(j) => {
-                l.touch(j);
+            AStep::Credit(j) | AStep::Remove(j) => {
                 let share = self.n.share(k, j);
-                let b = &mut l.b[j];
-                b.pending.remove(&self.id);
-                if let Entry::Vacant(e) = b.credited_in.entry(self.id) {
-                    e.insert(share);
-                    b.avail += share;
-                    b.incr += 1;
-                    l.adjusted += share;
+                let op = if self.add {
+                    Op::AdjustCredit { id, share }
+                } else {
+                    Op::AdjustRemove { id, share }
+                };
+                match l.call(j, op) {
+                    Reply::Corrupt => {}
+                    Reply::Ok => return self.next(l, j),
+                    r => unexpected("AdjustCredit or AdjustRemove", r),
                 }
-                return self.next(l, j);
-            }
-            AStep::Remove(j) if l.b[j].corrupt => {}
-            AStep::Remove(j) => {
-                l.touch(j);
-                let share = self.n.share(k, j);
-                let b = &mut l.b[j];
-                if let Entry::Vacant(e) = b.removed.entry(self.id) {
-                    let g = b.avail.min(share).pos();
-                    b.avail -= g;
-                    e.insert(g);
-                    l.adjusted -= g;
-                }
-                return self.next(l, j);
             }
         }
         None
@@ -1519,78 +707,90 @@ impl Transfer {
 
     /// One step; `Some(())` once finished.
     pub fn step(&mut self, l: &mut Ledger) -> Option<()> {
+        let id = self.id;
         match self.step {
-            TStep::Mark => {
-                l.touch(self.to);
-                let b = &mut l.b[self.to];
-                if let Some(c) = b.credited_in.get(&self.id) {
-                    self.step = TStep::Settle(*c);
-                } else {
-                    b.pending.insert(self.id);
-                    self.step = TStep::Notify;
-                }
-            }
+            TStep::Mark => match l.call(self.to, Op::TransferMark { id }) {
+                // Credited before: only the source's settlement is left.
+                Reply::Amount(c) => self.step = TStep::Settle(c),
+                Reply::Ok => self.step = TStep::Notify,
+                r => unexpected("TransferMark", r),
+            },
             TStep::Notify => {
-                l.notify_all_but(self.to, self.n);
+                notify_all_but(l, self.to, self.n);
                 self.step = TStep::Take;
             }
-            TStep::Take if l.b[self.from].corrupt => {}
-            TStep::Credit(_) if l.b[self.to].corrupt => {}
-            TStep::Settle(_) if l.b[self.from].corrupt => {}
             TStep::Take => {
-                l.touch(self.from);
-                // Once per transfer: the amount is fixed by the first take
-                // (nothing taken is remembered too).
-                let b = &mut l.b[self.from];
-                let g = match b.gifts.get(&(self.id, 0)).map(|g| g.0) {
-                    Some(Gift::Given(x)) | Some(Gift::Settled(x)) => x,
-                    Some(Gift::Returned) => Units::ZERO,
-                    None => {
-                        let g = b.avail.min(self.n).pos();
-                        b.avail -= g;
-                        b.held += g;
-                        b.gifts.insert((self.id, 0), (Gift::Given(g), self.to));
-                        if g.any_pos() {
-                            l.transit.insert((self.id, 0, self.from), g);
-                        }
-                        g
-                    }
+                let op = Op::TransferTake {
+                    id,
+                    n: self.n,
+                    to: self.to,
                 };
-                self.step = TStep::Credit(g);
-            }
-            TStep::Credit(g) => {
-                l.touch(self.to);
-                let b = &mut l.b[self.to];
-                b.pending.remove(&self.id);
-                let c = *b.credited_in.entry(self.id).or_insert_with(|| {
-                    if g.any_pos() {
-                        b.avail += g;
-                        b.incr += 1;
-                        l.transit.remove(&(self.id, 0, self.from));
-                    }
-                    g
-                });
-                self.step = TStep::Settle(c);
-            }
-            TStep::Settle(c) => {
-                l.touch(self.from);
-                let b = &mut l.b[self.from];
-                if let Some((Gift::Given(g), to)) = b.gifts.get(&(self.id, 0)).copied() {
-                    b.held -= g;
-                    if (g - c).any_pos() {
-                        b.avail += g - c;
-                        b.incr += 1;
-                        l.transit.remove(&(self.id, 0, self.from));
-                    }
-                    b.gifts.insert((self.id, 0), (Gift::Settled(c), to));
+                match l.call(self.from, op) {
+                    Reply::Corrupt => {}
+                    Reply::Amount(g) => self.step = TStep::Credit(g),
+                    r => unexpected("TransferTake", r),
                 }
-                return Some(());
+            }
+            TStep::Credit(took) => {
+                let op = Op::TransferCredit {
+                    id,
+                    from: self.from,
+                    took,
+                };
+                match l.call(self.to, op) {
+                    Reply::Corrupt => {}
+                    Reply::Amount(c) => self.step = TStep::Settle(c),
+                    r => unexpected("TransferCredit", r),
+                }
+            }
+            TStep::Settle(credited) => {
+                match l.call(self.from, Op::TransferSettle { id, credited }) {
+                    Reply::Corrupt => {}
+                    Reply::Ok => return Some(()),
+                    r => unexpected("TransferSettle", r),
+                }
             }
         }
         None
     }
 }
 
+/// The sweeper (`promo rebalance` runs it first): settles or returns every
+/// gift of a decided event, and finishes every transfer.
+pub fn sweep(l: &mut Ledger, transfers: &BTreeMap<Ev, (usize, usize, Units)>) {
+    for j in 0..l.k() {
+        let Reply::Gifts(open) = l.call(j, Op::OpenGifts) else {
+            // Corrupt: the next sweep.
+            continue;
+        };
+        for (id, a, to) in open {
+            if let Some(&(_, dest, n)) = transfers.get(&id) {
+                // A transfer to a corrupt bucket waits for the repair.
+                if matches!(
+                    l.call(dest, Op::Peek { ev: id }),
+                    Reply::Peeked { corrupt: true, .. }
+                ) {
+                    continue;
+                }
+                let mut t = Transfer::new(id, j, dest, n);
+                while t.step(l).is_none() {}
+                continue;
+            }
+            let Reply::Event { credited, attempt } = l.call(to, Op::EventState { id }) else {
+                unreachable!("EventState answers Event")
+            };
+            match credited {
+                Some(credited) => {
+                    let _ = l.call(j, Op::Cleanup { ev: id, credited });
+                }
+                None if attempt.is_some_and(|cur| cur > a) => {
+                    let _ = l.call(j, Op::GiveBack { id, a });
+                }
+                None => {}
+            }
+        }
+    }
+}
 /// A line of an order: the bucketed promotion's (its units are the
 /// `Place`'s), or the plain promotion's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1709,14 +909,17 @@ impl Order {
             },
             OStep::ReadReason => {
                 let h = l.order_home(ev);
-                l.touch(h);
+                let r = l.call(h, Op::Memo { ev });
+                let Reply::Memo(bucket_memo) = r else {
+                    unexpected("Memo", r)
+                };
                 let mut found = None;
                 for (i, line) in self.lines.iter().enumerate() {
                     let memo = match line {
-                        Line::Plain(_) => l.plain.memos.get(&ev),
-                        Line::Bucket => l.b[h].memos.get(&ev),
+                        Line::Plain(_) => l.plain.memos.get(&ev).copied(),
+                        Line::Bucket => bucket_memo,
                     };
-                    if let Some(&m) = memo.filter(|m| **m != Placed::Released) {
+                    if let Some(m) = memo.filter(|m| *m != Placed::Released) {
                         found = Some((i, m));
                         break;
                     }
@@ -1738,71 +941,50 @@ impl Order {
                 }
                 Line::Bucket => {
                     let h = l.order_home(ev);
-                    l.touch(h);
-                    let mutant = l.mutant;
-                    let b = &mut l.b[h];
-                    match b.records.get(&ev).cloned() {
-                        Some(Record::Deducted { units, .. }) => {
-                            // Units are about to come back here: mark first,
-                            // as a refund does.
-                            if mutant == Mutant::NoReleaseMark {
-                                self.step = OStep::RelRevert(i);
+                    match l.call(h, Op::ReleaseLook { ev }) {
+                        // Units are about to come back here: marked first,
+                        // as a refund does; the others hear it before.
+                        Reply::Marked(units) => {
+                            self.step = if l.mutant == Mutant::NoReleaseMark {
+                                OStep::RelRevert(i)
                             } else {
-                                b.pending.insert(ev);
-                                self.step = OStep::RelNotify(i, units);
-                            }
+                                OStep::RelNotify(i, units)
+                            };
                             Report::Running
                         }
-                        Some(Record::Released { customer, .. }) => {
-                            b.pending.remove(&ev);
+                        Reply::Release(customer, _) => {
                             self.step = OStep::RelUnreserve(i, customer);
                             Report::Running
                         }
                         // Reverted by a refund meanwhile, or nothing of
                         // this event here: nothing to give back.
-                        _ => {
-                            b.pending.remove(&ev);
-                            self.next_release(i + 1)
-                        }
+                        Reply::Nothing => self.next_release(i + 1),
+                        r => unexpected("ReleaseLook", r),
                     }
                 }
             },
             OStep::RelNotify(i, units) => {
-                l.notify_all_but(l.order_home(ev), units);
+                notify_all_but(l, l.order_home(ev), units);
                 self.step = OStep::RelRevert(i);
                 Report::Running
             }
             OStep::RelRevert(i) => {
                 let h = l.order_home(ev);
-                l.touch(h);
-                if l.b[h].corrupt {
+                match l.call(h, Op::ReleaseRevert { ev }) {
                     // The event is decided: what it took must go back. The
                     // release waits for the repair.
-                    return Report::Running;
-                }
-                let b = &mut l.b[h];
-                b.pending.remove(&ev);
-                let back = b.give_back(ev, |customer, units, credits| Record::Released {
-                    customer,
-                    units,
-                    credits,
-                });
-                if let Some((customer, _)) = back {
-                    self.step = OStep::RelUnreserve(i, customer);
-                    return Report::Running;
-                }
-                match b.records.get(&ev) {
-                    Some(&Record::Released { customer, .. }) => {
+                    Reply::Corrupt => Report::Running,
+                    Reply::Release(customer, _) => {
                         self.step = OStep::RelUnreserve(i, customer);
                         Report::Running
                     }
-                    _ => self.next_release(i + 1),
+                    Reply::Nothing => self.next_release(i + 1),
+                    r => unexpected("ReleaseRevert", r),
                 }
             }
             OStep::RelUnreserve(i, customer) => {
                 let hc = l.home(customer);
-                l.touch(hc);
-                l.b[hc].release(ev);
+                let _ = l.call(hc, Op::Unreserve { order: ev });
                 self.next_release(i + 1)
             }
             OStep::Finished => unreachable!("a finished order stepped"),
