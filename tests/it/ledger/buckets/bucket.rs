@@ -716,10 +716,37 @@ pub enum Reply {
     },
 }
 
-/// One entry of the trace: a call and its reply, or a fault.
+/// A bucket's counters and bounds, as its hash holds them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub avail: Units,
+    pub held: Units,
+    pub tentative: Units,
+    pub incr: u64,
+    pub notify: u64,
+    pub bounds: Vec<Option<Units>>,
+}
+
+impl Bucket {
+    pub fn view(&self) -> View {
+        View {
+            avail: self.avail,
+            held: self.held,
+            tentative: self.tentative,
+            incr: self.incr,
+            notify: self.notify,
+            bounds: self.bounds.clone(),
+        }
+    }
+}
+
+/// One entry of the trace: a call, its reply and the bucket after it; or
+/// a fault.
+// A test's trace: most entries are calls, so boxing them would save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Traced {
-    Call(usize, Op, Reply),
+    Call(usize, Op, Reply, View),
     Corrupt(usize),
     Repair(usize),
 }
@@ -730,7 +757,7 @@ impl Ledger {
         self.calls[j] += 1;
         let reply = self.apply(j, &op);
         if let Some(t) = self.trace.as_mut() {
-            t.push(Traced::Call(j, op, reply.clone()));
+            t.push(Traced::Call(j, op, reply.clone(), self.b[j].view()));
         }
         reply
     }

@@ -20,11 +20,13 @@
 //! line of one unit of each from any home bucket is accepted while one is
 //! left (nothing stranded).
 //!
-//! Pure: no Redis here. Cases: `PROPTEST_CASES` (default 3,000).
+//! The model is pure (no Redis); `scripts` replays its calls on
+//! lua/bucket.lua on a real Redis. Cases: `PROPTEST_CASES` (default 3,000).
 //! Each mutant of the protocol (`Mutant`) must make the same property fail.
 
 mod bucket;
 mod protocol;
+mod scripts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -383,7 +385,14 @@ fn decide(
 }
 
 fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
+    run_traced(c, mutant, false).map(|_| ())
+}
+
+/// A case run through the model; with `trace`, the ledger it ends with
+/// holds every call on a bucket with its reply (for `scripts`).
+fn run_traced(c: &Case, mutant: Mutant, trace: bool) -> Result<Ledger, TestCaseError> {
     let mut l = Ledger::new(c.k, c.initial, c.limit, mutant).with_plain(c.plain_stock);
+    l.trace = trace.then(Vec::new);
     let mut live: Vec<Live> = Vec::new();
     let mut released = 0usize;
     let mut crashes = vec![0u32; c.acts.len()];
@@ -705,7 +714,7 @@ fn run_case(c: &Case, mutant: Mutant) -> Result<(), TestCaseError> {
         }
     }
     CASES.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    Ok(l)
 }
 
 fn cases(default: u32) -> u32 {

@@ -1,0 +1,547 @@
+//! lua/bucket.lua held to the model, call by call, on a real Redis.
+//!
+//! Each case of the property test (`case()`) runs through the model with
+//! its trace on: every call on a bucket, its reply and the bucket's
+//! counters after it, and every corruption and repair. The trace is then
+//! replayed on Redis: each call runs lua/bucket.lua on the bucket's own
+//! keys, and its reply and the bucket's hash afterwards must be the
+//! model's. The deliveries' interleavings, crashes and zombies are the
+//! model's; what is tested here is that each operation does to Redis what
+//! it does to the model, from every state those runs reach.
+//!
+//! Cases: `PROPTEST_CASES` (default 3,000, at most 300 here: each call is a
+//! round trip).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fred::prelude::{HashesInterface, KeysInterface, Value};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use super::bucket::*;
+use super::{case, cases, run_traced, Case};
+use crate::common::redis::*;
+
+const BODY: &str = concat!(
+    include_str!("../../../../lua/lib.lua"),
+    include_str!("../../../../lua/bucket.lua")
+);
+const TTL: &str = "86400";
+
+/// What replays did: cases, calls, corruptions.
+#[derive(Default)]
+struct Counts {
+    cases: AtomicU64,
+    calls: AtomicU64,
+    faults: AtomicU64,
+}
+
+fn e(id: Ev) -> String {
+    // Zero-padded: the script orders ids as strings (seniority), the model
+    // as numbers.
+    format!("e{id:010}")
+}
+
+fn c(cust: Cust) -> String {
+    format!("c{cust}")
+}
+
+fn n(x: impl ToString) -> String {
+    x.to_string()
+}
+
+fn dim(d: Dim) -> &'static str {
+    match d {
+        Dim::Budget => "budget_exceeded",
+        Dim::Stock => "stock_insufficient",
+    }
+}
+
+fn triples(xs: &[(usize, Units)]) -> String {
+    xs.iter()
+        .map(|(m, u)| format!("{m}:{}:{}", u.budget, u.stock))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn credits(cs: &[Credit]) -> String {
+    cs.iter()
+        .map(|c| {
+            format!(
+                "{}:{}:{}:{}",
+                c.from, c.attempt, c.units.budget, c.units.stock
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// The operation's name and arguments (ARGV[1] and ARGV[3..]).
+fn args(op: &Op) -> (&'static str, Vec<String>) {
+    let u = |x: &Units| [n(x.budget), n(x.stock)];
+    match op {
+        Op::Start { ev, cust, units } => {
+            let [b, s] = u(units);
+            ("Start", vec![e(*ev), c(*cust), b, s])
+        }
+        Op::Peek { ev } => ("Peek", vec![e(*ev)]),
+        Op::Reject {
+            ev,
+            a,
+            incr,
+            notify,
+            dim: d,
+            saw_corrupt,
+            seen,
+        } => (
+            "Reject",
+            vec![
+                e(*ev),
+                n(a),
+                n(incr),
+                n(notify),
+                dim(*d).into(),
+                n(u8::from(*saw_corrupt)),
+                triples(seen),
+            ],
+        ),
+        Op::Give {
+            ev,
+            a,
+            want,
+            receiver,
+        } => {
+            let [b, s] = u(want);
+            ("Give", vec![e(*ev), n(a), b, s, n(receiver)])
+        }
+        Op::Accept {
+            ev,
+            cust,
+            units,
+            a,
+            mine,
+        } => {
+            let [b, s] = u(units);
+            ("Accept", vec![e(*ev), c(*cust), b, s, n(a), triples(mine)])
+        }
+        Op::Yield { ev, a } => ("Yield", vec![e(*ev), n(a)]),
+        Op::ReturnAll { ev, upto } => ("ReturnAll", vec![e(*ev), n(upto)]),
+        Op::Reserve { order, cust } => ("Reserve", vec![e(*order), c(*cust)]),
+        Op::Settle { ev } => ("Settle", vec![e(*ev)]),
+        Op::Undo { ev } => ("Undo", vec![e(*ev)]),
+        Op::Unreserve { order } => ("Unreserve", vec![e(*order)]),
+        Op::Cleanup { ev, credited } => ("Cleanup", vec![e(*ev), credits(credited)]),
+        Op::RefundLook { ev, order } => ("RefundLook", vec![e(*ev), e(*order)]),
+        Op::Notify { to, units } => {
+            let [b, s] = u(units);
+            ("Notify", vec![n(to), b, s])
+        }
+        Op::RefundRevert { ev, order } => ("RefundRevert", vec![e(*ev), e(*order)]),
+        Op::ReleaseLook { ev } => ("ReleaseLook", vec![e(*ev)]),
+        Op::ReleaseRevert { ev } => ("ReleaseRevert", vec![e(*ev)]),
+        Op::Memo { ev } => ("Memo", vec![e(*ev)]),
+        Op::TransferMark { id } => ("TransferMark", vec![e(*id)]),
+        Op::TransferTake { id, n: x, to } => {
+            let [b, s] = u(x);
+            ("TransferTake", vec![e(*id), b, s, n(to)])
+        }
+        Op::TransferCredit { id, from, took } => {
+            let [b, s] = u(took);
+            ("TransferCredit", vec![e(*id), n(from), b, s])
+        }
+        Op::TransferSettle { id, credited } => {
+            let [b, s] = u(credited);
+            ("TransferSettle", vec![e(*id), b, s])
+        }
+        Op::AdjustMark { id } => ("AdjustMark", vec![e(*id)]),
+        Op::AdjustCredit { id, share } => {
+            let [b, s] = u(share);
+            ("AdjustCredit", vec![e(*id), b, s])
+        }
+        Op::AdjustRemove { id, share } => {
+            let [b, s] = u(share);
+            ("AdjustRemove", vec![e(*id), b, s])
+        }
+        Op::OpenGifts => ("OpenGifts", vec![]),
+        Op::EventState { id } => ("EventState", vec![e(*id)]),
+        Op::GiveBack { id, a } => ("GiveBack", vec![e(*id), n(a)]),
+    }
+}
+
+fn strings(v: Value) -> Result<Vec<String>, String> {
+    let Value::Array(items) = v else {
+        return Err(format!("not an array: {v:?}"));
+    };
+    items
+        .into_iter()
+        .map(|x| match x {
+            Value::String(s) => Ok(s.to_string()),
+            Value::Bytes(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Value::Integer(i) => Ok(i.to_string()),
+            other => Err(format!("element {other:?}")),
+        })
+        .collect()
+}
+
+fn int<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|_| format!("not a number: {s:?}"))
+}
+
+fn units(b: &str, s: &str) -> Result<Units, String> {
+    Ok(Units::new(int(b)?, int(s)?))
+}
+
+fn ev_of(s: &str) -> Result<Ev, String> {
+    int(s
+        .strip_prefix('e')
+        .ok_or(format!("not an event id: {s:?}"))?)
+}
+
+fn cust_of(s: &str) -> Result<Cust, String> {
+    int(s
+        .strip_prefix('c')
+        .ok_or(format!("not a customer id: {s:?}"))?)
+}
+
+fn placed(reason: &str, u: Units) -> Result<Placed, String> {
+    Ok(match reason {
+        "accepted" => Placed::Accepted(u),
+        "budget_exceeded" => Placed::Short(Dim::Budget),
+        "stock_insufficient" => Placed::Short(Dim::Stock),
+        "user_limit_reached" => Placed::Limit,
+        "order_reverted" => Placed::Refunded,
+        "corrupt_promotion" => Placed::Corrupt,
+        "released" => Placed::Released,
+        other => return Err(format!("reason {other:?}")),
+    })
+}
+
+fn dim_of(s: &str) -> Result<Dim, String> {
+    match placed(s, Units::ZERO)? {
+        Placed::Short(d) => Ok(d),
+        other => Err(format!("not a dimension: {other:?}")),
+    }
+}
+
+fn parse_credits(s: &str) -> Result<Vec<Credit>, String> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(';')
+        .map(|c| {
+            let p: Vec<&str> = c.split(':').collect();
+            if p.len() != 4 {
+                return Err(format!("credit {c:?}"));
+            }
+            Ok(Credit {
+                from: int(p[0])?,
+                attempt: int(p[1])?,
+                units: units(p[2], p[3])?,
+            })
+        })
+        .collect()
+}
+
+fn flag(s: &str) -> bool {
+    s == "1"
+}
+
+/// The script's reply as the model's `Reply`.
+fn reply(v: Value) -> Result<Reply, String> {
+    let r = strings(v)?;
+    let a = |i: usize| -> Result<&str, String> {
+        r.get(i)
+            .map(String::as_str)
+            .ok_or(format!("reply {r:?}: no element {i}"))
+    };
+    Ok(match a(0)? {
+        "ok" => Reply::Ok,
+        "corrupt" => Reply::Corrupt,
+        "decided" => Reply::Decided(placed(a(1)?, units(a(2)?, a(3)?)?)?, parse_credits(a(4)?)?),
+        "tentative" => Reply::Tentative,
+        "short" => Reply::Short {
+            dim: dim_of(a(1)?)?,
+            fast: flag(a(2)?),
+        },
+        "wait" => Reply::Wait,
+        "restart" => Reply::Restart,
+        "yield" => Reply::Yield,
+        "gather" => Reply::Gather(Gather {
+            a: int(a(1)?)?,
+            incr: int(a(2)?)?,
+            notify: int(a(3)?)?,
+            avail: units(a(4)?, a(5)?)?,
+            held: units(a(6)?, a(7)?)?,
+            pending: flag(a(8)?),
+            senior: flag(a(9)?),
+            bounds: a(10)?
+                .split(';')
+                .map(|x| match x.split_once(',') {
+                    None => Ok(None),
+                    Some((b, s)) => units(b, s).map(Some),
+                })
+                .collect::<Result<_, _>>()?,
+        }),
+        "peeked" => Reply::Peeked {
+            corrupt: flag(a(1)?),
+            avail: units(a(2)?, a(3)?)?,
+            held: units(a(4)?, a(5)?)?,
+            holds: flag(a(6)?),
+            pending: flag(a(7)?),
+            senior: flag(a(8)?),
+        },
+        "gave" => Reply::Gave {
+            total: units(a(1)?, a(2)?)?,
+            senior: flag(a(3)?),
+        },
+        "reserved" => Reply::Reserved {
+            ok: flag(a(1)?),
+            refused_now: flag(a(2)?),
+        },
+        "refund" => Reply::Refund(match a(1)? {
+            "no_deduction" => Refund::NoDeduction,
+            "already_reverted" => Refund::AlreadyReverted,
+            "corrupt" => Refund::Corrupt,
+            other => return Err(format!("refund {other:?}")),
+        }),
+        "marked" => Reply::Marked(units(a(1)?, a(2)?)?),
+        "release" => Reply::Release(cust_of(a(1)?)?, units(a(2)?, a(3)?)?),
+        "relook" => Reply::Relook,
+        "nothing" => Reply::Nothing,
+        "memo" => Reply::Memo(match a(1)? {
+            "" => None,
+            m => Some(placed(m, Units::ZERO)?),
+        }),
+        "amount" => Reply::Amount(units(a(1)?, a(2)?)?),
+        "gifts" => {
+            let mut g = r[1..]
+                .iter()
+                .map(|x| {
+                    let p: Vec<&str> = x.split('#').collect();
+                    if p.len() != 3 {
+                        return Err(format!("gift {x:?}"));
+                    }
+                    Ok((ev_of(p[0])?, int(p[1])?, int(p[2])?))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            g.sort();
+            Reply::Gifts(g)
+        }
+        "event" => Reply::Event {
+            credited: if flag(a(1)?) {
+                Some(parse_credits(a(2)?)?)
+            } else {
+                None
+            },
+            attempt: match a(3)? {
+                "" => None,
+                x => Some(int(x)?),
+            },
+        },
+        other => return Err(format!("reply kind {other:?}: {r:?}")),
+    })
+}
+
+/// Bucket j's hash as a `View` (the budget a corruption hid, restored).
+fn view(h: &BTreeMap<String, String>, k: usize, hidden: Option<&str>) -> Result<View, String> {
+    let f = |name: &str| -> Result<i64, String> {
+        match (name, hidden) {
+            ("budget", Some(v)) => int(v),
+            _ => int(h.get(name).map_or("0", String::as_str)),
+        }
+    };
+    Ok(View {
+        avail: Units::new(f("budget")?, f("stock")?),
+        held: Units::new(f("held_budget")?, f("held_stock")?),
+        tentative: Units::new(f("set_budget")?, f("set_stock")?),
+        incr: u64::try_from(f("incr")?).map_err(|e| e.to_string())?,
+        notify: u64::try_from(f("notify")?).map_err(|e| e.to_string())?,
+        bounds: (0..k)
+            .map(|m| match h.get(&format!("bound:{m}")) {
+                None => Ok(None),
+                Some(x) => {
+                    let (b, s) = x.split_once(',').ok_or(format!("bound {x:?}"))?;
+                    units(b, s).map(Some)
+                }
+            })
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+async fn replay(
+    r: &TestRedis,
+    body: &str,
+    case_no: u64,
+    c: &Case,
+    trace: &[Traced],
+    counts: &Counts,
+) -> Result<(), TestCaseError> {
+    let key = |j: usize| format!("{}promo:{{p{case_no}~{j}}}", r.prefix);
+    for j in 0..c.k {
+        let share = c.initial.share(c.k, j);
+        let mut fields = vec![
+            ("budget".to_owned(), n(share.budget)),
+            ("stock".to_owned(), n(share.stock)),
+            ("index".to_owned(), n(j)),
+            ("buckets".to_owned(), n(c.k)),
+        ];
+        for f in [
+            "held_budget",
+            "held_stock",
+            "set_budget",
+            "set_stock",
+            "incr",
+            "notify",
+        ] {
+            fields.push((f.to_owned(), "0".to_owned()));
+        }
+        if let Some(limit) = c.limit {
+            fields.push(("per_customer".to_owned(), n(limit)));
+        }
+        let _: () = r.pool().hset(key(j), fields).await.expect("HSET");
+        let _: () = r.pool().expire(key(j), 3_600, None).await.expect("EXPIRE");
+    }
+    // The budget a corruption hid, per bucket.
+    let mut hidden: BTreeMap<usize, String> = BTreeMap::new();
+    for (i, t) in trace.iter().enumerate() {
+        match t {
+            Traced::Corrupt(j) => {
+                counts.faults.fetch_add(1, Ordering::Relaxed);
+                let v: Option<String> = r.pool().hget(key(*j), "budget").await.expect("HGET");
+                hidden.insert(*j, v.expect("a bucket's budget"));
+                let _: () = r
+                    .pool()
+                    .hset(key(*j), ("budget", "corrupt!"))
+                    .await
+                    .expect("HSET");
+            }
+            Traced::Repair(j) => {
+                // The operator's repair: the counters back, the bounds gone,
+                // a notification.
+                let v = hidden.remove(j).expect("a repair after a corruption");
+                let _: () = r.pool().hset(key(*j), ("budget", v)).await.expect("HSET");
+                for m in 0..c.k {
+                    let _: () = r
+                        .pool()
+                        .hdel(key(*j), format!("bound:{m}"))
+                        .await
+                        .expect("HDEL");
+                }
+                let _: () = r
+                    .pool()
+                    .hincrby(key(*j), "notify", 1)
+                    .await
+                    .expect("HINCRBY");
+            }
+            Traced::Call(j, op, want, after) => {
+                counts.calls.fetch_add(1, Ordering::Relaxed);
+                let (name, rest) = args(op);
+                let mut argv = vec![name.to_owned(), TTL.to_owned()];
+                argv.extend(rest);
+                let got = r
+                    .eval(body, vec![key(*j)], argv.clone())
+                    .await
+                    .map_err(|e| format!("script error: {e}"))
+                    .and_then(reply);
+                let got = match got {
+                    Ok(g) => g,
+                    Err(e) => {
+                        return Err(TestCaseError::fail(format!(
+                            "call {i} on bucket {j}, {op:?} ({argv:?}): {e}"
+                        )))
+                    }
+                };
+                let want = match want {
+                    Reply::Gifts(g) => {
+                        let mut g = g.clone();
+                        g.sort();
+                        Reply::Gifts(g)
+                    }
+                    w => w.clone(),
+                };
+                if got != want {
+                    return Err(TestCaseError::fail(format!(
+                        "call {i} on bucket {j}, {op:?}: the script answered {got:?}, the model {want:?}"
+                    )));
+                }
+                let h: BTreeMap<String, String> = r.pool().hgetall(key(*j)).await.expect("HGETALL");
+                let seen = view(&h, c.k, hidden.get(j).map(String::as_str))
+                    .map_err(|e| TestCaseError::fail(format!("bucket {j}'s hash {h:?}: {e}")))?;
+                if seen != *after {
+                    return Err(TestCaseError::fail(format!(
+                        "after call {i} on bucket {j}, {op:?}: the hash holds {seen:?}, the model {after:?}"
+                    )));
+                }
+            }
+        }
+    }
+    counts.cases.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Runs up to `cases` cases of the model, each replayed on `body`.
+fn check(body: &str, cases: u32, shrink: u32, counts: &Counts) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let r = rt.block_on(standalone());
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: shrink,
+        ..Config::default()
+    });
+    let serial = AtomicU64::new(0);
+    runner
+        .run(&case(), |c| {
+            let l = run_traced(&c, Mutant::None, true)?;
+            let trace = l.trace.expect("a trace");
+            let case_no = serial.fetch_add(1, Ordering::Relaxed);
+            rt.block_on(replay(&r, body, case_no, &c, &trace, counts))
+        })
+        .map_err(|e| e.to_string())
+}
+
+/// Every call of the model's runs, replayed on lua/bucket.lua, answers as
+/// the model does and leaves the bucket's counters and bounds as the model
+/// has them.
+#[test]
+fn the_bucket_script_answers_as_the_model() {
+    let counts = Counts::default();
+    let result = check(BODY, cases(3_000).min(300), 256, &counts);
+    println!(
+        "bucket script: {} cases, {} calls replayed, {} corruptions",
+        counts.cases.load(Ordering::Relaxed),
+        counts.calls.load(Ordering::Relaxed),
+        counts.faults.load(Ordering::Relaxed)
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The replay can fail: a script that forgets one write is caught.
+#[test]
+fn a_broken_bucket_script_is_caught() {
+    for (what, line, broken) in [
+        (
+            "a notification does not raise the bound",
+            "  if x ~= nil then redis.call('HSET', B, 'bound:' .. to,",
+            "  if false then redis.call('HSET', B, 'bound:' .. to,",
+        ),
+        (
+            "a yield does not move the attempt on",
+            "  if attempt(e) == num(a) then put(",
+            "  if false then put(",
+        ),
+    ] {
+        assert!(BODY.contains(line), "lua/bucket.lua changed: {line:?}");
+        let body = BODY.replace(line, broken);
+        match check(&body, 300, 0, &Counts::default()) {
+            Err(e) => println!("caught ({what}): {}", e.lines().next().unwrap_or("")),
+            Ok(()) => panic!("not caught in 300 cases: {what}"),
+        }
+    }
+}
