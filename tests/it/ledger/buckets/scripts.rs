@@ -15,12 +15,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fred::prelude::{HashesInterface, KeysInterface, Value};
+use fred::prelude::{ClusterInterface, HashesInterface, KeysInterface, Value};
+use fred::util::redis_keyslot;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::bucket::*;
 use super::{case, cases, run_traced, Case};
-use crate::common::redis::*;
+use crate::common::redis::{cluster as cluster_redis, standalone, TestRedis};
 
 const BODY: &str = concat!(
     include_str!("../../../../lua/lib.lua"),
@@ -34,6 +35,8 @@ struct Counts {
     cases: AtomicU64,
     calls: AtomicU64,
     faults: AtomicU64,
+    /// Cases whose buckets were served by more than one Cluster node.
+    spread: AtomicU64,
 }
 
 fn e(id: Ev) -> String {
@@ -401,6 +404,17 @@ async fn replay(
         let _: () = r.pool().hset(key(j), fields).await.expect("HSET");
         let _: () = r.pool().expire(key(j), 3_600, None).await.expect("EXPIRE");
     }
+    if r.cluster {
+        if let Some(routing) = r.pool().next().cached_cluster_state() {
+            let nodes: std::collections::BTreeSet<String> = (0..c.k)
+                .filter_map(|j| routing.get_server(redis_keyslot(key(j).as_bytes())))
+                .map(|s| s.to_string())
+                .collect();
+            if nodes.len() > 1 {
+                counts.spread.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
     // The budget a corruption hid, per bucket.
     let mut hidden: BTreeMap<usize, String> = BTreeMap::new();
     for (i, t) in trace.iter().enumerate() {
@@ -480,13 +494,25 @@ async fn replay(
 }
 
 /// Runs up to `cases` cases of the model, each replayed on `body`.
-fn check(body: &str, cases: u32, shrink: u32, counts: &Counts) -> Result<(), String> {
+fn check(
+    body: &str,
+    cluster: bool,
+    cases: u32,
+    shrink: u32,
+    counts: &Counts,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a runtime");
-    let r = rt.block_on(standalone());
+    let r = rt.block_on(async {
+        if cluster {
+            cluster_redis().await
+        } else {
+            standalone().await
+        }
+    });
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
@@ -510,7 +536,7 @@ fn check(body: &str, cases: u32, shrink: u32, counts: &Counts) -> Result<(), Str
 #[test]
 fn the_bucket_script_answers_as_the_model() {
     let counts = Counts::default();
-    let result = check(BODY, cases(3_000).min(300), 256, &counts);
+    let result = check(BODY, false, cases(3_000).min(300), 256, &counts);
     println!(
         "bucket script: {} cases, {} calls replayed, {} corruptions",
         counts.cases.load(Ordering::Relaxed),
@@ -539,9 +565,29 @@ fn a_broken_bucket_script_is_caught() {
     ] {
         assert!(BODY.contains(line), "lua/bucket.lua changed: {line:?}");
         let body = BODY.replace(line, broken);
-        match check(&body, 300, 0, &Counts::default()) {
+        match check(&body, false, 300, 0, &Counts::default()) {
             Err(e) => println!("caught ({what}): {}", e.lines().next().unwrap_or("")),
             Ok(()) => panic!("not caught in 300 cases: {what}"),
         }
     }
+}
+
+/// The same on the Redis Cluster: each bucket's keys on its own slot, the
+/// buckets of a case on different nodes where their tags hash there (the
+/// script derives every key from KEYS[1], so all of them must be served by
+/// the node of KEYS[1]'s slot).
+#[test]
+fn the_bucket_script_answers_as_the_model_on_a_cluster() {
+    let counts = Counts::default();
+    let result = check(BODY, true, cases(3_000).min(100), 256, &counts);
+    let spread = counts.spread.load(Ordering::Relaxed);
+    println!(
+        "bucket script on a Cluster: {} cases ({spread} with buckets on several nodes), {} calls replayed",
+        counts.cases.load(Ordering::Relaxed),
+        counts.calls.load(Ordering::Relaxed),
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(spread > 0, "no case had its buckets on two nodes");
 }
