@@ -53,8 +53,11 @@ local function split(s, sep)
   end
 end
 
-local function num(s)
-  if not canonical(s) then fail('BADARG not a count: ' .. show(s)) end
+-- A count: every argument is validated before the operation runs
+-- (`check_args`), so a value that is not canonical here was read from a key
+-- (named by `key`): corrupt data.
+local function num(s, key)
+  if not canonical(s) then corrupt(key or B, 'value', s) end
   return tonumber(s)
 end
 
@@ -73,9 +76,10 @@ local function short_of(x, need)
 end
 local ZERO = U(0, 0)
 local function ustr(x) return int(x[1]) .. ',' .. int(x[2]) end
-local function uparse(s)
+local function uparse(s, key)
   local p = split(s, ',')
-  return U(num(p[1]), num(p[2]))
+  if #p ~= 2 then corrupt(key or B, 'value', s) end
+  return U(num(p[1], key), num(p[2], key))
 end
 
 local function get(key)
@@ -115,17 +119,20 @@ local function config(h, field)
 end
 
 -- Records.
+local RECORD_FIELDS = { t = 7, d = 5, v = 6, x = 2, r = 5 }
 local function record(o)
-  local v = get(B .. ':order:' .. o)
+  local key = B .. ':order:' .. o
+  local v = get(key)
   if v == nil then return nil end
   local p = split(v, '|')
   local r = { state = p[1] }
+  if RECORD_FIELDS[r.state] ~= #p then corrupt(key, 'value', v) end
   if r.state == 'x' then
     r.by = p[2]
   else
-    r.customer, r.units = p[2], U(num(p[3]), num(p[4]))
+    r.customer, r.units = p[2], U(num(p[3], key), num(p[4], key))
     if r.state == 't' then
-      r.own, r.cr = U(num(p[5]), num(p[6])), p[7]
+      r.own, r.cr = U(num(p[5], key), num(p[6], key)), p[7]
     else
       r.cr = p[5]
       if r.state == 'v' then r.by = p[6] end
@@ -151,19 +158,22 @@ end
 
 local function memo(e) return get(B .. ':rejected:' .. e) end
 local function attempt(e)
-  local v = get(B .. ':attempt:' .. e)
+  local key = B .. ':attempt:' .. e
+  local v = get(key)
   if v == nil then return nil end
-  return num(v)
+  return num(v, key)
 end
 local function pending() return redis.call('SCARD', B .. ':pending') > 0 end
 
 -- Gifts.
 local function gift(e, a)
-  local v = get(B .. ':gift:' .. e .. ':' .. a)
+  local key = B .. ':gift:' .. e .. ':' .. a
+  local v = get(key)
   if v == nil then return nil end
   local p = split(v, '|')
-  if p[1] == 'r' then return { state = 'r', to = p[2] } end
-  return { state = p[1], units = U(num(p[2]), num(p[3])), to = p[4] }
+  if p[1] == 'r' and #p == 2 then return { state = 'r', to = p[2] } end
+  if (p[1] ~= 'g' and p[1] ~= 's') or #p ~= 4 then corrupt(key, 'value', v) end
+  return { state = p[1], units = U(num(p[2], key), num(p[3], key)), to = p[4] }
 end
 local function write_gift(e, a, g)
   local m = e .. '#' .. a
@@ -188,7 +198,7 @@ end
 local function open_attempts(e)
   local ms = redis.call('ZRANGEBYLEX', B .. ':open', '[' .. e .. '#', '(' .. e .. '$')
   local as = {}
-  for _, m in ipairs(ms) do as[#as + 1] = num(string.sub(m, #e + 2)) end
+  for _, m in ipairs(ms) do as[#as + 1] = num(string.sub(m, #e + 2), B .. ':open') end
   table.sort(as)
   return as
 end
@@ -431,7 +441,10 @@ end
 function OPS.ReturnAll(e, upto)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  for a = 0, num(upto) do give_back(k, e, a) end
+  upto = num(upto)
+  for _, a in ipairs(open_attempts(e)) do
+    if a <= upto then give_back(k, e, a) end
+  end
   save(k)
   return { 'ok' }
 end
@@ -439,10 +452,10 @@ end
 -- Reserve O C (at the customer's bucket)
 function OPS.Reserve(o, c)
   local limit = redis.call('HGET', B, 'per_customer')
-  if limit == false then limit = math.huge else limit = num(limit) end
+  if limit == false then limit = math.huge else limit = num(limit, B) end
   if redis.call('EXISTS', B .. ':refused:' .. o) == 1 then return { 'reserved', 0, 0 } end
   if redis.call('EXISTS', B .. ':resv:' .. o) == 1 then return { 'reserved', 1, 0 } end
-  local used = tonumber(get(B .. ':used:' .. c) or '0')
+  local used = num(get(B .. ':used:' .. c) or '0', B .. ':used:' .. c)
   if used < limit then
     put(B .. ':resv:' .. o, 'h|' .. c)
     put(B .. ':used:' .. c, int(used + 1))
@@ -486,7 +499,7 @@ function OPS.Unreserve(o)
   if v ~= nil and string.sub(v, 1, 2) == 'h|' then
     local c = string.sub(v, 3)
     put(B .. ':resv:' .. o, 'f|' .. c)
-    local used = tonumber(get(B .. ':used:' .. c) or '0')
+    local used = num(get(B .. ':used:' .. c) or '0', B .. ':used:' .. c)
     put(B .. ':used:' .. c, int(used - 1))
   end
   return { 'ok' }
@@ -622,9 +635,10 @@ function OPS.Memo(e)
 end
 
 local function credited_in(t)
-  local v = get(B .. ':in:' .. t)
+  local key = B .. ':in:' .. t
+  local v = get(key)
   if v == nil then return nil end
-  return uparse(v)
+  return uparse(v, key)
 end
 
 -- TransferMark T (and AdjustMark T)
@@ -746,10 +760,82 @@ function OPS.GiveBack(e, a)
   return { 'ok' }
 end
 
+-- Each operation's arguments (ARGV[3..]): an id (CONTRACT.md section 1's
+-- characters), a count (canonical), a dimension (a short reason), a flag
+-- (0 or 1), "m:b:s" items or "j:a:b:s" credits joined by ";" (or empty).
+local SIGNATURES = {
+  Start = { 'id', 'id', 'n', 'n' },
+  Peek = { 'id' },
+  Reject = { 'id', 'n', 'n', 'n', 'dim', 'flag', 'items3' },
+  Give = { 'id', 'n', 'n', 'n', 'n' },
+  Accept = { 'id', 'id', 'n', 'n', 'n', 'items3' },
+  Yield = { 'id', 'n' },
+  ReturnAll = { 'id', 'n' },
+  Reserve = { 'id', 'id' },
+  Settle = { 'id' },
+  Undo = { 'id' },
+  Unreserve = { 'id' },
+  Cleanup = { 'id', 'items4' },
+  RefundLook = { 'id', 'id' },
+  Notify = { 'n', 'n', 'n' },
+  RefundRevert = { 'id', 'id' },
+  ReleaseLook = { 'id' },
+  ReleaseRevert = { 'id' },
+  Memo = { 'id' },
+  TransferMark = { 'id' },
+  TransferTake = { 'id', 'n', 'n', 'n' },
+  TransferCredit = { 'id', 'n', 'n', 'n' },
+  TransferSettle = { 'id', 'n', 'n' },
+  AdjustMark = { 'id' },
+  AdjustCredit = { 'id', 'n', 'n' },
+  AdjustRemove = { 'id', 'n', 'n' },
+  OpenGifts = {},
+  EventState = { 'id' },
+  GiveBack = { 'id', 'n' },
+}
+
+local function items(v, width)
+  if v == '' then return true end
+  for _, item in ipairs(split(v, ';')) do
+    local p = split(item, ':')
+    if #p ~= width then return false end
+    for _, x in ipairs(p) do
+      if not canonical(x) then return false end
+    end
+  end
+  return true
+end
+
+local function check_args(sig)
+  if #ARGV ~= #sig + 2 then
+    fail('BADARG ' .. op .. ' takes ' .. #sig .. ' arguments after the ttl, got ' .. (#ARGV - 2))
+  end
+  for i, kind in ipairs(sig) do
+    local v = ARGV[i + 2]
+    local ok
+    if kind == 'id' then
+      ok = event_id(v)
+    elseif kind == 'n' then
+      ok = canonical(v)
+    elseif kind == 'dim' then
+      ok = v == 'budget_exceeded' or v == 'stock_insufficient'
+    elseif kind == 'flag' then
+      ok = v == '0' or v == '1'
+    elseif kind == 'items3' then
+      ok = items(v, 3)
+    else
+      ok = items(v, 4)
+    end
+    if not ok then fail('BADARG ' .. op .. ' argument ' .. i .. ' (' .. kind .. '): ' .. show(v)) end
+  end
+end
+
 local function main()
-  local f = OPS[op]
-  if f == nil then fail('BADARG unknown operation: ' .. show(op)) end
+  if #KEYS ~= 1 then fail('BADARG expected 1 key, got ' .. #KEYS) end
+  local f, sig = OPS[op], SIGNATURES[op]
+  if f == nil or sig == nil then fail('BADARG unknown operation: ' .. show(op)) end
   if not canonical(ttl) or ttl == '0' then fail('BADARG ttl: ' .. show(ttl)) end
+  check_args(sig)
   return f(unpack(ARGV, 3))
 end
 

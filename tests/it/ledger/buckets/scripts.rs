@@ -591,3 +591,239 @@ fn the_bucket_script_answers_as_the_model_on_a_cluster() {
     }
     assert!(spread > 0, "no case had its buckets on two nodes");
 }
+
+/// Every malformed call is refused with BADARG before anything is read or
+/// written: each argument of each operation replaced by values its kind
+/// does not allow, a missing or extra argument, an unknown operation, a
+/// bad TTL, a second key.
+#[test]
+fn a_malformed_call_is_refused_and_writes_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let r = standalone().await;
+        let key = format!("{}promo:{{bad~0}}", r.prefix);
+        let fields: Vec<(String, String)> = [
+            ("budget", "10"),
+            ("stock", "10"),
+            ("held_budget", "0"),
+            ("held_stock", "0"),
+            ("set_budget", "0"),
+            ("set_stock", "0"),
+            ("incr", "0"),
+            ("notify", "0"),
+            ("index", "0"),
+            ("buckets", "2"),
+            ("per_customer", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let _: () = r.pool().hset(&key, fields).await.expect("HSET");
+        let u = Units::new(1, 1);
+        let credit = Credit {
+            from: 1,
+            attempt: 0,
+            units: u,
+        };
+        // One call of each operation, with its kinds of arguments.
+        let samples: Vec<(Op, &[&str])> = vec![
+            (
+                Op::Start {
+                    ev: 1,
+                    cust: 1,
+                    units: u,
+                },
+                &["id", "id", "n", "n"],
+            ),
+            (Op::Peek { ev: 1 }, &["id"]),
+            (
+                Op::Reject {
+                    ev: 1,
+                    a: 0,
+                    incr: 0,
+                    notify: 0,
+                    dim: Dim::Stock,
+                    saw_corrupt: false,
+                    seen: vec![(1, u)],
+                },
+                &["id", "n", "n", "n", "dim", "flag", "items"],
+            ),
+            (
+                Op::Give {
+                    ev: 1,
+                    a: 0,
+                    want: u,
+                    receiver: 1,
+                },
+                &["id", "n", "n", "n", "n"],
+            ),
+            (
+                Op::Accept {
+                    ev: 1,
+                    cust: 1,
+                    units: u,
+                    a: 0,
+                    mine: vec![(1, u)],
+                },
+                &["id", "id", "n", "n", "n", "items"],
+            ),
+            (Op::Yield { ev: 1, a: 0 }, &["id", "n"]),
+            (Op::ReturnAll { ev: 1, upto: 0 }, &["id", "n"]),
+            (Op::Reserve { order: 1, cust: 1 }, &["id", "id"]),
+            (Op::Settle { ev: 1 }, &["id"]),
+            (Op::Undo { ev: 1 }, &["id"]),
+            (Op::Unreserve { order: 1 }, &["id"]),
+            (
+                Op::Cleanup {
+                    ev: 1,
+                    credited: vec![credit],
+                },
+                &["id", "items"],
+            ),
+            (Op::RefundLook { ev: 2, order: 1 }, &["id", "id"]),
+            (Op::Notify { to: 1, units: u }, &["n", "n", "n"]),
+            (Op::RefundRevert { ev: 2, order: 1 }, &["id", "id"]),
+            (Op::ReleaseLook { ev: 1 }, &["id"]),
+            (Op::ReleaseRevert { ev: 1 }, &["id"]),
+            (Op::Memo { ev: 1 }, &["id"]),
+            (Op::TransferMark { id: 3 }, &["id"]),
+            (
+                Op::TransferTake { id: 3, n: u, to: 1 },
+                &["id", "n", "n", "n"],
+            ),
+            (
+                Op::TransferCredit {
+                    id: 3,
+                    from: 1,
+                    took: u,
+                },
+                &["id", "n", "n", "n"],
+            ),
+            (Op::TransferSettle { id: 3, credited: u }, &["id", "n", "n"]),
+            (Op::AdjustMark { id: 3 }, &["id"]),
+            (Op::AdjustCredit { id: 3, share: u }, &["id", "n", "n"]),
+            (Op::AdjustRemove { id: 3, share: u }, &["id", "n", "n"]),
+            (Op::OpenGifts, &[]),
+            (Op::EventState { id: 1 }, &["id"]),
+            (Op::GiveBack { id: 1, a: 0 }, &["id", "n"]),
+        ];
+        let long_id = "x".repeat(65);
+        let bad = |kind: &str| -> Vec<String> {
+            let v: Vec<&str> = match kind {
+                "id" => vec!["", "a b", "x|y", "a:b", "{x}", "é", &long_id],
+                "n" => vec![
+                    "",
+                    "-1",
+                    "01",
+                    "1e3",
+                    " 5",
+                    "nan",
+                    "0x10",
+                    "1234567890123456",
+                ],
+                "dim" => vec!["", "budget", "order_reverted", "Stock_insufficient"],
+                "flag" => vec!["", "2", "true"],
+                _ => vec!["1:2", "1:2:x", ";", "1:2:3;", "-1:2:3", "1:2:3:4:5"],
+            };
+            v.into_iter().map(str::to_owned).collect()
+        };
+        let before = r.dump().await;
+        let mut refused = 0;
+        let mut expect_badarg = |argv: Vec<String>, keys: Vec<String>, what: String| {
+            let r = &r;
+            let before = &before;
+            refused += 1;
+            async move {
+                let got = r.eval(BODY, keys, argv.clone()).await;
+                match got {
+                    Err(e) if e.details().starts_with("BADARG ") => {}
+                    other => panic!("{what}: {argv:?} answered {other:?}, not BADARG"),
+                }
+                assert_eq!(&r.dump().await, before, "{what}: {argv:?} wrote");
+            }
+        };
+        for (op, kinds) in &samples {
+            let (name, good) = args(op);
+            assert_eq!(good.len(), kinds.len(), "{name}: the sample's kinds");
+            let argv = |rest: Vec<String>| {
+                let mut v = vec![name.to_owned(), TTL.to_owned()];
+                v.extend(rest);
+                v
+            };
+            for (i, kind) in kinds.iter().enumerate() {
+                for b in bad(kind) {
+                    let mut rest = good.clone();
+                    rest[i] = b;
+                    expect_badarg(
+                        argv(rest),
+                        vec![key.clone()],
+                        format!("{name} argument {i}"),
+                    )
+                    .await;
+                }
+            }
+            let mut more = good.clone();
+            more.push("1".into());
+            expect_badarg(argv(more), vec![key.clone()], format!("{name}: one more")).await;
+            if !good.is_empty() {
+                let fewer = good[..good.len() - 1].to_vec();
+                expect_badarg(argv(fewer), vec![key.clone()], format!("{name}: one fewer")).await;
+            }
+            let mut no_ttl = argv(good.clone());
+            no_ttl[1] = "0".into();
+            expect_badarg(no_ttl, vec![key.clone()], format!("{name}: TTL 0")).await;
+            expect_badarg(
+                argv(good.clone()),
+                vec![key.clone(), key.clone()],
+                format!("{name}: two keys"),
+            )
+            .await;
+        }
+        expect_badarg(
+            vec!["Deduct".into(), TTL.into()],
+            vec![key.clone()],
+            "an unknown operation".into(),
+        )
+        .await;
+        println!("bucket script: {refused} malformed calls refused, nothing written");
+        // A stored value the script cannot read is CORRUPT naming its key
+        // (never a Lua runtime error).
+        for (suffix, value, op) in [
+            (
+                format!(":order:{}", e(1)),
+                "q|c1|1|1|",
+                Op::Start {
+                    ev: 1,
+                    cust: 1,
+                    units: u,
+                },
+            ),
+            (
+                format!(":order:{}", e(1)),
+                "d|c1|x|1|",
+                Op::ReleaseLook { ev: 1 },
+            ),
+            (format!(":attempt:{}", e(4)), "-1", Op::EventState { id: 4 }),
+            (
+                format!(":gift:{}:0", e(3)),
+                "g|1|1",
+                Op::TransferTake { id: 3, n: u, to: 1 },
+            ),
+            (format!(":in:{}", e(3)), "1;1", Op::TransferMark { id: 3 }),
+        ] {
+            let k = format!("{key}{suffix}");
+            r.set(&k, value).await;
+            let (name, rest) = args(&op);
+            let mut argv = vec![name.to_owned(), TTL.to_owned()];
+            argv.extend(rest);
+            match r.eval(BODY, vec![key.clone()], argv.clone()).await {
+                Err(err) if err.details().starts_with(&format!("CORRUPT {k} ")) => {}
+                other => panic!("{k} = {value:?}, {argv:?} answered {other:?}, not CORRUPT {k}"),
+            }
+            r.del(&k).await;
+        }
+    });
+}
