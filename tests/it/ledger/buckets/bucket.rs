@@ -21,152 +21,15 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::{Add, AddAssign, Sub, SubAssign};
+
+use deductor::domain::buckets as d;
+pub use deductor::domain::buckets::{Credit, Dim, Gather, Outcome, Placed, Refund, Report, Units};
 
 pub type Ev = u32;
 pub type Cust = u32;
-
-/// An amount of budget and of stock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Units {
-    pub budget: i64,
-    pub stock: i64,
-}
-
-/// The dimension a short line is rejected on: `budget_exceeded` or
-/// `stock_insufficient`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dim {
-    Budget,
-    Stock,
-}
-
-impl Units {
-    pub const ZERO: Units = Units {
-        budget: 0,
-        stock: 0,
-    };
-
-    pub fn new(budget: i64, stock: i64) -> Units {
-        Units { budget, stock }
-    }
-
-    pub fn covers(self, need: Units) -> bool {
-        self.short_of(need).is_none()
-    }
-
-    /// The first dimension, budget before stock, in which `self` cannot
-    /// cover `need`.
-    pub fn short_of(self, need: Units) -> Option<Dim> {
-        if self.budget < need.budget {
-            Some(Dim::Budget)
-        } else if self.stock < need.stock {
-            Some(Dim::Stock)
-        } else {
-            None
-        }
-    }
-
-    pub fn get(self, d: Dim) -> i64 {
-        match d {
-            Dim::Budget => self.budget,
-            Dim::Stock => self.stock,
-        }
-    }
-
-    pub fn min(self, o: Units) -> Units {
-        Units::new(self.budget.min(o.budget), self.stock.min(o.stock))
-    }
-
-    pub fn max(self, o: Units) -> Units {
-        Units::new(self.budget.max(o.budget), self.stock.max(o.stock))
-    }
-
-    /// Each dimension at least 0.
-    pub fn pos(self) -> Units {
-        self.max(Units::ZERO)
-    }
-
-    pub fn any_pos(self) -> bool {
-        self.budget > 0 || self.stock > 0
-    }
-
-    pub fn any_neg(self) -> bool {
-        self.budget < 0 || self.stock < 0
-    }
-
-    /// `total` split over `k` buckets as `promo set --buckets K` will: the
-    /// first buckets take the remainder.
-    pub fn share(self, k: usize, i: usize) -> Units {
-        let part = |t: i64| t / k as i64 + i64::from((i as i64) < t % k as i64);
-        Units::new(part(self.budget), part(self.stock))
-    }
-}
-
-impl Add for Units {
-    type Output = Units;
-    fn add(self, o: Units) -> Units {
-        Units::new(self.budget + o.budget, self.stock + o.stock)
-    }
-}
-
-impl Sub for Units {
-    type Output = Units;
-    fn sub(self, o: Units) -> Units {
-        Units::new(self.budget - o.budget, self.stock - o.stock)
-    }
-}
-
-impl AddAssign for Units {
-    fn add_assign(&mut self, o: Units) {
-        *self = *self + o;
-    }
-}
-
-impl SubAssign for Units {
-    fn sub_assign(&mut self, o: Units) {
-        *self = *self - o;
-    }
-}
-
-impl std::iter::Sum for Units {
-    fn sum<I: Iterator<Item = Units>>(it: I) -> Units {
-        it.fold(Units::ZERO, |a, b| a + b)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placed {
-    Accepted(Units),
-    /// Rejected `budget_exceeded` or `stock_insufficient`.
-    Short(Dim),
-    Limit,
-    Refunded,
-    /// Rejected `corrupt_promotion`: the line met a corrupt bucket.
-    Corrupt,
-    /// The plain line was short (an event's decision).
-    PlainShort,
-    /// A line's answer only, never an event's decision: the line was
-    /// released for the event's rejection on another line.
-    Released,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refund {
-    Applied(Units),
-    NoDeduction,
-    AlreadyReverted,
-    /// Rejected `corrupt_promotion` (the order's bucket was corrupt).
-    Corrupt,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Placed(Placed),
-    Refund(Refund),
-    /// A transfer finished.
-    Moved,
-}
+/// The protocol's operations and replies, on the model's ids.
+pub type Op = d::Op<Ev>;
+pub type Reply = d::Reply<Ev>;
 
 /// A deliberately broken piece of the protocol, to prove the checks catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,6 +201,9 @@ pub struct Ledger {
     pub plain: Plain,
     /// Every call with its reply, and every fault, while set.
     pub trace: Option<Vec<Traced>>,
+    /// Mutants that skip a mark skip the notifications after it too: the
+    /// count of notifications still to ignore.
+    pub drop_notify: usize,
 }
 
 impl Ledger {
@@ -357,6 +223,7 @@ impl Ledger {
             calls: vec![0; k],
             plain: Plain::default(),
             trace: None,
+            drop_notify: 0,
         }
     }
 
@@ -553,167 +420,6 @@ impl Bucket {
             .range((id, 0)..=(id, u32::MAX))
             .any(|(_, (g, _))| matches!(g, Gift::Given(x) if x.any_pos()))
     }
-}
-
-/// A gift a deduction consumed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Credit {
-    pub from: usize,
-    pub attempt: u32,
-    pub units: Units,
-}
-
-/// An operation on one bucket: one atomic call on its slot.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Op {
-    /// A placement line's first call at its order's bucket: an earlier
-    /// decision, a tombstone, a deduction (tentative under a per-customer
-    /// limit), a fast "short", or what a gather starts from.
-    Start { ev: Ev, cust: Cust, units: Units },
-    /// What another bucket holds for a gather.
-    Peek { ev: Ev },
-    /// A gather's rejection at home, if nothing changed while it looked.
-    /// `seen`: what each bucket it looked at held (their new bounds).
-    Reject {
-        ev: Ev,
-        a: u32,
-        incr: u64,
-        notify: u64,
-        dim: Dim,
-        saw_corrupt: bool,
-        seen: Vec<(usize, Units)>,
-    },
-    /// Up to `want` more units for (ev, attempt a), gathered by `receiver`.
-    Give {
-        ev: Ev,
-        a: u32,
-        want: Units,
-        receiver: usize,
-    },
-    /// A gather's acceptance at home with the gifts it holds.
-    Accept {
-        ev: Ev,
-        cust: Cust,
-        units: Units,
-        a: u32,
-        mine: Vec<(usize, Units)>,
-    },
-    /// The junior (or a stale delivery) gives up attempt `a` at home.
-    Yield { ev: Ev, a: u32 },
-    /// Every gift of `ev`'s attempts up to `upto` goes back.
-    ReturnAll { ev: Ev, upto: u32 },
-    /// The customer's reservation for `order`, at the customer's bucket.
-    Reserve { order: Ev, cust: Cust },
-    /// The tentative deduction becomes the deduction.
-    Settle { ev: Ev },
-    /// The tentative deduction is undone: `user_limit_reached`.
-    Undo { ev: Ev },
-    /// `order`'s reservation is released (idempotent).
-    Unreserve { order: Ev },
-    /// `ev`'s gifts here are settled (what `credited` consumed) or returned.
-    Cleanup { ev: Ev, credited: Vec<Credit> },
-    /// A refund's first call at the order's bucket.
-    RefundLook { ev: Ev, order: Ev },
-    /// Up to `units` are on their way to bucket `to`.
-    Notify { to: usize, units: Units },
-    /// A refund gives the order's deduction back.
-    RefundRevert { ev: Ev, order: Ev },
-    /// A release of the event's bucketed line: the first call.
-    ReleaseLook { ev: Ev },
-    /// A release gives the event's deduction back.
-    ReleaseRevert { ev: Ev },
-    /// The event's memo here.
-    Memo { ev: Ev },
-    /// A transfer's mark at its destination.
-    TransferMark { id: Ev },
-    /// A transfer takes up to `n` from its source, once.
-    TransferTake { id: Ev, n: Units, to: usize },
-    /// A transfer credits what it took, once.
-    TransferCredit { id: Ev, from: usize, took: Units },
-    /// A transfer's source settles what its destination credited.
-    TransferSettle { id: Ev, credited: Units },
-    /// An adjustment's mark at a bucket it adds to.
-    AdjustMark { id: Ev },
-    /// An adjustment adds its share here, once.
-    AdjustCredit { id: Ev, share: Units },
-    /// An adjustment takes away at most its share of what is free, once.
-    AdjustRemove { id: Ev, share: Units },
-    /// The sweeper: the gifts given here and not settled or returned.
-    OpenGifts,
-    /// The sweeper: what `id`'s order bucket knows of its decision.
-    EventState { id: Ev },
-    /// The sweeper: gift (id, a) goes back.
-    GiveBack { id: Ev, a: u32 },
-}
-
-/// What a gather starts from: the home's state when the line looked.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Gather {
-    pub a: u32,
-    pub incr: u64,
-    pub notify: u64,
-    pub avail: Units,
-    /// Given away or set aside here.
-    pub held: Units,
-    pub pending: bool,
-    /// A line with a lower id holds units given here.
-    pub senior: bool,
-    pub bounds: Vec<Option<Units>>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Reply {
-    Ok,
-    /// The bucket's counters are corrupt: nothing was done.
-    Corrupt,
-    /// The event is decided: this decision, with the gifts it consumed.
-    Decided(Placed, Vec<Credit>),
-    /// A tentative deduction waits for the customer's reservation.
-    Tentative,
-    Short {
-        dim: Dim,
-        fast: bool,
-    },
-    /// Not short yet: units may come back (back off, ask again).
-    Wait,
-    /// Something changed: start the line again.
-    Restart,
-    /// The attempt moved on: yield.
-    Yield,
-    Gather(Gather),
-    Peeked {
-        corrupt: bool,
-        avail: Units,
-        held: Units,
-        holds: bool,
-        pending: bool,
-        senior: bool,
-    },
-    Gave {
-        total: Units,
-        senior: bool,
-    },
-    Reserved {
-        ok: bool,
-        refused_now: bool,
-    },
-    Refund(Refund),
-    /// Marked: `units` are about to come back here (notify, then revert).
-    Marked(Units),
-    /// Given back (or given back before): release the customer's
-    /// reservation; `units` the deduction held.
-    Release(Cust, Units),
-    /// Look again.
-    Relook,
-    /// Nothing to give back.
-    Nothing,
-    Memo(Option<Placed>),
-    Amount(Units),
-    Gifts(Vec<(Ev, u32, usize)>),
-    Event {
-        credited: Option<Vec<Credit>>,
-        attempt: Option<u32>,
-    },
 }
 
 /// A bucket's counters and bounds, as its hash holds them.
@@ -925,7 +631,7 @@ impl Ledger {
                     (b.avail, b.held + b.tentative)
                 };
                 Reply::Peeked {
-                    corrupt: b.corrupt,
+                    corrupt: b.corrupt && mutant != Mutant::CorruptCountsAsEmpty,
                     avail,
                     held,
                     holds: b.holds(ev),
@@ -1152,6 +858,9 @@ impl Ledger {
                         // no gather rejects while they are on their way.
                         if mutant != Mutant::NoPendingMark {
                             b.pending.insert(ev);
+                        } else {
+                            // (mutant) no mark, and no notification either.
+                            self.drop_notify = k - 1;
                         }
                         Reply::Marked(units)
                     }
@@ -1173,6 +882,10 @@ impl Ledger {
                 }
             }
             Op::Notify { to, units } => {
+                if self.drop_notify > 0 {
+                    self.drop_notify -= 1;
+                    return Reply::Ok;
+                }
                 let b = &mut self.b[j];
                 if b.corrupt {
                     return Reply::Corrupt;
@@ -1215,6 +928,9 @@ impl Ledger {
                         // as a refund does.
                         if mutant != Mutant::NoReleaseMark {
                             b.pending.insert(ev);
+                        } else {
+                            // (mutant) no mark, and no notification either.
+                            self.drop_notify = k - 1;
                         }
                         Reply::Marked(units)
                     }
@@ -1326,6 +1042,9 @@ impl Ledger {
                 }
                 if mutant != Mutant::AdjustNoNotify {
                     b.pending.insert(id);
+                } else {
+                    // (mutant) no mark, and no notification either.
+                    self.drop_notify = k - 1;
                 }
                 Reply::Ok
             }

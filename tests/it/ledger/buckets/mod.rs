@@ -132,27 +132,31 @@ fn case() -> impl Strategy<Value = Case> {
 
 #[derive(Clone, Debug)]
 enum Run {
-    Place(Place),
     Order(Order),
-    Refund(RefundRun),
+    /// A refund; `plain`: its order's plain line is still to revert
+    /// (rollback.lua at `{Q}`, the first step of a mixed order's refund).
+    Refund {
+        plain: bool,
+        run: RefundRun,
+    },
     Transfer(Transfer),
     Adjust(Adjust),
+    Place(Place),
 }
 
 impl Run {
     fn step(&mut self, l: &mut Ledger) -> Report {
         match self {
-            Run::Place(p) => p.step(l),
+            Run::Place(p) => drive(p, l),
             Run::Order(o) => o.step(l),
-            Run::Refund(r) => r.step(l),
-            Run::Transfer(t) => match t.step(l) {
-                Some(()) => Report::Done(Outcome::Moved),
-                None => Report::Running,
-            },
-            Run::Adjust(a) => match a.step(l) {
-                Some(()) => Report::Done(Outcome::Moved),
-                None => Report::Running,
-            },
+            Run::Refund { plain, run } if *plain => {
+                *plain = false;
+                plain_rollback(l, run.order);
+                Report::Running
+            }
+            Run::Refund { run, .. } => drive(run, l),
+            Run::Transfer(t) => drive(t, l),
+            Run::Adjust(a) => drive(a, l),
         }
     }
 }
@@ -217,18 +221,22 @@ fn delivery(c: &Case, i: usize) -> Option<Run> {
             Run::Order(Order::new(Place::new(ev(i), cust, units, c.k), lines))
         }
         Act::Refund { order, wrong } => {
-            let (o, named, plain) = refund_target(&c.acts, i, order, wrong);
-            let r = RefundRun::new(ev(i), o, named);
-            Run::Refund(if plain { r.with_plain() } else { r })
+            // The customer a refund names plays no part: the order's
+            // bucket keeps the stored one.
+            let (o, _named, plain) = refund_target(&c.acts, i, order, wrong);
+            Run::Refund {
+                plain,
+                run: RefundRun::new(ev(i), o, c.k),
+            }
         }
         Act::Transfer { from, to, n } => {
             let (from, to) = (from % c.k, to % c.k);
             if from == to {
                 return None;
             }
-            Run::Transfer(Transfer::new(ev(i), from, to, n))
+            Run::Transfer(Transfer::new(ev(i), from, to, n, c.k))
         }
-        Act::Adjust { n, add } => Run::Adjust(Adjust::new(ev(i), n, add)),
+        Act::Adjust { n, add } => Run::Adjust(Adjust::new(ev(i), n, add, c.k)),
         Act::Corrupt { .. } => return None,
     })
 }
@@ -697,7 +705,7 @@ fn run_traced(c: &Case, mutant: Mutant, trace: bool) -> Result<Ledger, TestCaseE
             let outcome = loop {
                 n += 1;
                 prop_assert!(n < 1_000, "the probe did not finish");
-                match probe.step(&mut probe_ledger) {
+                match drive(&mut probe, &mut probe_ledger) {
                     Report::Running => {}
                     Report::Short { dim, .. } => break Placed::Short(dim),
                     Report::Done(Outcome::Placed(p)) => break p,
@@ -957,8 +965,11 @@ fn flash_sale_calls() {
                 while live.len() < in_flight && events < LINES {
                     events += 1;
                     let run = if !placed.is_empty() && rng.u8(0..10) == 0 {
-                        let (o, c) = placed[rng.usize(0..placed.len())];
-                        Run::Refund(RefundRun::new(next, o, c))
+                        let (o, _) = placed[rng.usize(0..placed.len())];
+                        Run::Refund {
+                            plain: false,
+                            run: RefundRun::new(next, o, k),
+                        }
                     } else {
                         let c = rng.u32(0..50_000);
                         placed.push((next, c));
@@ -1014,7 +1025,7 @@ fn flash_sale_calls() {
                 let mut probe = Place::new(next, 9_000_000 + next, one, k);
                 next += 1;
                 let outcome = loop {
-                    match probe.step(&mut l) {
+                    match drive(&mut probe, &mut l) {
                         Report::Running => {}
                         r => break r,
                     }

@@ -1,11 +1,9 @@
-//! The bucket protocol of docs/buckets.md, executable: each bucket's state
-//! and its atomic steps (what one Lua call on slot `{P~k}` will do), and the
-//! deliveries that walk them (what the service will do between calls).
-//!
-//! Every amount has both dimensions, budget and stock (`Units`): a line
-//! needs both, from one bucket's units and the gifts it gathered, and a
-//! short line is rejected on the first dimension the whole promotion
-//! cannot cover, budget before stock (the contract's precedence).
+//! The deliveries of the bucket protocol, as the property test runs them:
+//! the walkers of `deductor::domain::buckets` (the service's own code)
+//! driven against the model of the buckets (`bucket`), each step one call
+//! (or the notifications of every other bucket in a row); and what is the
+//! model's alone: orders that mix the bucketed promotion with a plain one
+//! (`Order`), the plain promotion's scripts, and the sweeper.
 //!
 //! A placement is an order of one bucketed line, or of a bucketed line and
 //! a line of a plain (unbucketed) promotion in either order (`Order`):
@@ -13,745 +11,62 @@
 //! rejected, the lines before it are released (`release.lua`'s rule: what
 //! the event deducted goes back, and the line is marked released so that a
 //! slower delivery of the event repeats the decision).
-//!
-//! Each step of a delivery is one call on one bucket (`Ledger::call` with
-//! an `Op`, see `bucket`), or, where the service would make several calls
-//! in a row with nothing to decide between them (the notifications of
-//! every other bucket), those calls.
-//!
-//! What a delivery does when a bucket's counters are corrupt:
-//! - a step that decides (a line's first call at home, its final accept or
-//!   reject, a refund's first look) decides `corrupt_promotion` and
-//!   remembers it, as an unbucketed promotion does;
-//! - a look or a give at another bucket counts it as unknown: the line may
-//!   still be served from the healthy buckets, but it is never rejected
-//!   short (that would claim a sold-out nobody can tell): it is rejected
-//!   `corrupt_promotion` instead;
-//! - a step that finishes what a decision started (a settle, an undo, a
-//!   give-back, a cleanup, a refund's or a release's give-back, a
-//!   transfer's step) backs off and retries: it cannot be decided any other
-//!   way without losing or doubling units, and the repair lets it finish;
-//! - notifications skip a corrupt bucket; the repair clears its bound and
-//!   counts as a notification.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use deductor::domain::buckets as d;
+use deductor::domain::buckets::Step;
 
 use super::bucket::*;
 
-/// What one step of a delivery reports to the harness.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Report {
-    Running,
-    /// Decided "short" at this step (fast path or after a gather), on
-    /// dimension `dim`.
-    Short {
-        fast: bool,
-        dim: Dim,
-    },
-    Done(Outcome),
+pub type Place = d::Place<Ev>;
+pub type RefundRun = d::RefundRun<Ev>;
+pub type Transfer = d::Transfer<Ev>;
+pub type Adjust = d::Adjust<Ev>;
+
+/// A delivery of the protocol: stepped with the replies of the calls its
+/// previous step asked for.
+pub trait Walk {
+    fn walk(&mut self, replies: Option<Vec<Reply>>) -> Step<Ev>;
 }
 
-/// Up to `units` are on their way to bucket j: every other bucket hears it
-/// and raises its bound of j by as much (one call each, in a row).
-fn notify_all_but(l: &mut Ledger, j: usize, units: Units) {
-    for m in (0..l.k()).filter(|m| *m != j) {
-        // A corrupt bucket answers CORRUPT: its repair clears its bounds.
-        let _ = l.call(m, Op::Notify { to: j, units });
-    }
+macro_rules! walk {
+    ($($t:ty),*) => {
+        $(impl Walk for $t {
+            fn walk(&mut self, replies: Option<Vec<Reply>>) -> Step<Ev> {
+                self.step(replies)
+            }
+        })*
+    };
 }
+walk!(Place, RefundRun, Transfer, Adjust);
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum PStep {
-    Hop1,
-    Peek(usize),
-    FinalReject,
-    Give(usize),
-    FinalAccept,
-    /// Give up the attempt at home (the junior yields, or a stale delivery
-    /// found the attempt moved on), then return every gift of the event.
-    Yield,
-    ReturnAll(usize),
-    /// Take the customer's reservation at the customer's home bucket.
-    Reserve,
-    /// Reservation taken: the tentative deduction becomes a deduction.
-    Settle,
-    /// Limit reached: the tentative deduction is undone.
-    Undo,
-    /// Decided `user_limit_reached`: a reservation a late delivery took
-    /// for this order (after a refund freed a slot) is released.
-    Unreserve,
-    Cleanup(usize),
-}
-
-/// One delivery of a placement line of the bucketed promotion.
-#[derive(Clone, Debug)]
-pub struct Place {
-    pub ev: Ev,
-    pub cust: Cust,
-    pub units: Units,
-    home: usize,
-    k: usize,
-    step: PStep,
-    a: u32,
-    incr0: u64,
-    notify0: u64,
-    avail0: Units,
-    held0: Units,
-    /// (bucket, avail, held or set aside, this event holds units there)
-    peeks: Vec<(usize, Units, Units, bool)>,
-    /// The buckets this attempt looks at: every other one whose bound at
-    /// home is unknown or above zero.
-    to_peek: Vec<usize>,
-    pending_seen: bool,
-    /// A look met a corrupt bucket: this attempt cannot reject short.
-    saw_corrupt: bool,
-    junior: bool,
-    /// What attempt `a` holds in each other bucket.
-    mine: BTreeMap<usize, Units>,
-    /// Other buckets where this event may hold gifts: where it gave, and
-    /// where a look found gifts of it (an earlier delivery's). The cleanup
-    /// visits these; gifts a crashed zombie left elsewhere are the
-    /// sweeper's.
-    holds_at: BTreeSet<usize>,
-    credited: Vec<Credit>,
-    outcome: Option<Placed>,
-    cleanup: bool,
-    waiting: bool,
-    pub restarts: u32,
-    /// Refusals of this delivery's reservation at the customer's bucket
-    /// (where `user_limit_reached` is decided; Undo applies it).
-    pub refusals: u32,
-}
-
+/// One step of `w` on the model: the calls it asks for, in a row (the
+/// replies given back in the order asked; the walker pops them from the
+/// end, so they are handed over reversed), then its report.
 fn unexpected(what: &str, r: Reply) -> ! {
     unreachable!("{what} answered {r:?}")
 }
 
-impl Place {
-    pub fn new(ev: Ev, cust: Cust, units: Units, k: usize) -> Place {
-        Place {
-            ev,
-            cust,
-            units,
-            home: ev as usize % k,
-            k,
-            step: PStep::Hop1,
-            a: 0,
-            incr0: 0,
-            notify0: 0,
-            avail0: Units::ZERO,
-            held0: Units::ZERO,
-            peeks: Vec::new(),
-            to_peek: Vec::new(),
-            pending_seen: false,
-            saw_corrupt: false,
-            junior: false,
-            mine: BTreeMap::new(),
-            holds_at: BTreeSet::new(),
-            credited: Vec::new(),
-            outcome: None,
-            cleanup: false,
-            waiting: false,
-            restarts: 0,
-            refusals: 0,
-        }
-    }
-
-    /// What the other buckets held, as this attempt's looks saw it.
-    fn peeked(&self) -> Units {
-        self.peeks.iter().map(|p| p.1 + p.2).sum()
-    }
-
-    fn other(&self, i: usize) -> usize {
-        (self.home + 1 + i) % self.k
-    }
-
-    /// Ends with `outcome`; an event that ever gathered settles its gifts
-    /// in every other bucket first.
-    fn finish(&mut self, outcome: Placed, credited: Vec<Credit>) -> Report {
-        self.outcome = Some(outcome);
-        self.credited = credited;
-        if outcome == Placed::Limit {
-            self.step = PStep::Unreserve;
-            return Report::Running;
-        }
-        self.after_decision()
-    }
-
-    fn after_decision(&mut self) -> Report {
-        let outcome = self.outcome.expect("a decision before its cleanup");
-        if let Some(&j) = self.holds_at.iter().next() {
-            self.cleanup = true;
-            self.step = PStep::Cleanup(j);
-            Report::Running
-        } else {
-            Report::Done(Outcome::Placed(outcome))
-        }
-    }
-
-    /// A short decision (its memo written at home).
-    fn short(&mut self, dim: Dim, fast: bool) -> Report {
-        let _ = self.finish(Placed::Short(dim), Vec::new());
-        Report::Short { fast, dim }
-    }
-
-    fn restart(&mut self) -> Report {
-        self.restarts += 1;
-        self.step = PStep::Hop1;
-        Report::Running
-    }
-
-    /// Start again after a pause: units are on their way (a refund's or a
-    /// transfer's, or a line's waiting for its reservation), so the line
-    /// can be neither served nor rejected yet. The service backs off
-    /// before it asks again.
-    fn wait(&mut self) -> Report {
-        self.waiting = true;
-        self.restart()
-    }
-
-    /// Every look of the attempt is in: go on.
-    fn looked(&mut self) -> Report {
-        let total = self.avail0 + self.held0 + self.peeked();
-        if total.covers(self.units) {
-            // Enough units, some perhaps held by other lines: the lowest
-            // event id among those holding goes first, the others give
-            // theirs back and start again.
-            self.step = if self.junior {
-                PStep::Yield
-            } else {
-                PStep::Give(0)
-            };
-        } else if self.pending_seen {
-            return self.wait();
-        } else {
-            self.step = PStep::FinalReject;
-        }
-        Report::Running
-    }
-
-    /// Whether the delivery is backing off (see `wait`).
-    pub fn waiting(&self) -> bool {
-        self.waiting
-    }
-
-    /// The replies every call at home may give: a decision, or a tentative
-    /// deduction waiting for its reservation (then that is what this
-    /// delivery finishes).
-    fn at_home(&mut self, r: Reply, what: &str) -> Report {
-        match r {
-            Reply::Decided(p, c) => self.finish(p, c),
-            Reply::Tentative => {
-                self.step = PStep::Reserve;
-                Report::Running
-            }
-            Reply::Restart => self.restart(),
-            Reply::Short { dim, fast } => self.short(dim, fast),
-            r => unexpected(what, r),
-        }
-    }
-
-    /// A gather starts from what the home held when the line looked.
-    fn gather(&mut self, l: &Ledger, g: Gather) -> Report {
-        if g.a != self.a {
-            self.mine.clear();
-        }
-        self.a = g.a;
-        self.incr0 = g.incr;
-        self.notify0 = g.notify;
-        self.avail0 = g.avail;
-        self.held0 = g.held;
-        self.pending_seen = g.pending;
-        self.saw_corrupt = false;
-        self.junior = g.senior;
-        self.peeks.clear();
-        // A bucket whose bound is zero in every dimension the line is
-        // missing has nothing for it, and nothing can reach it unheard: no
-        // need to look.
-        let missing = (self.units - self.avail0 - self.held0).pos();
-        self.to_peek = (0..l.k() - 1)
-            .map(|i| self.other(i))
-            .filter(|j| !matches!(g.bounds[*j], Some(x) if !x.min(missing).any_pos()))
-            .collect();
-        if self.to_peek.is_empty() {
-            return self.looked();
-        }
-        self.step = PStep::Peek(0);
-        Report::Running
-    }
-
-    pub fn step(&mut self, l: &mut Ledger) -> Report {
-        let k = l.k();
-        let ev = self.ev;
-        match self.step {
-            PStep::Hop1 => {
-                self.waiting = false;
-                let r = l.call(
-                    self.home,
-                    Op::Start {
-                        ev,
-                        cust: self.cust,
-                        units: self.units,
-                    },
-                );
-                match r {
-                    Reply::Wait => self.wait(),
-                    Reply::Gather(g) => self.gather(l, g),
-                    r => self.at_home(r, "Start"),
-                }
-            }
-            PStep::Peek(i) => {
-                let j = self.to_peek[i];
-                let Reply::Peeked {
-                    corrupt,
-                    avail,
-                    held,
-                    holds,
-                    pending,
-                    senior,
-                } = l.call(j, Op::Peek { ev })
-                else {
-                    unreachable!("Peek answers Peeked")
-                };
-                // Unknown: served from the others, never short.
-                if corrupt && l.mutant != Mutant::CorruptCountsAsEmpty {
-                    self.saw_corrupt = true;
-                }
-                self.peeks.push((j, avail, held, holds));
-                if holds {
-                    self.holds_at.insert(j);
-                }
-                self.pending_seen |= pending;
-                self.junior |= senior;
-                if i + 1 < self.to_peek.len() {
-                    self.step = PStep::Peek(i + 1);
-                    return Report::Running;
-                }
-                self.looked()
-            }
-            PStep::FinalReject => {
-                // The first dimension all of it could not cover.
-                let dim = (self.avail0 + self.held0 + self.peeked())
-                    .short_of(self.units)
-                    .unwrap_or(Dim::Stock);
-                let r = l.call(
-                    self.home,
-                    Op::Reject {
-                        ev,
-                        a: self.a,
-                        incr: self.incr0,
-                        notify: self.notify0,
-                        dim,
-                        saw_corrupt: self.saw_corrupt,
-                        seen: self.peeks.iter().map(|p| (p.0, p.1 + p.2)).collect(),
-                    },
-                );
-                self.at_home(r, "Reject")
-            }
-            PStep::Give(i) => {
-                let missing =
-                    (self.units - self.avail0 - self.mine.values().copied().sum::<Units>()).pos();
-                if !missing.any_pos() || i >= self.peeks.len() {
-                    self.step = PStep::FinalAccept;
-                    return Report::Running;
-                }
-                let (j, avail, _, mine) = self.peeks[i];
-                self.step = PStep::Give(i + 1);
-                if avail.min(missing).any_pos() || mine {
-                    let r = l.call(
-                        j,
-                        Op::Give {
-                            ev,
-                            a: self.a,
-                            want: missing,
-                            receiver: self.home,
-                        },
-                    );
-                    match r {
-                        Reply::Gave { total, senior } => {
-                            self.mine.insert(j, total);
-                            self.holds_at.insert(j);
-                            if senior {
-                                self.step = PStep::Yield;
-                            }
-                        }
-                        // Unknown: the line goes on without it.
-                        Reply::Corrupt => {}
-                        r => unexpected("Give", r),
-                    }
-                }
-                Report::Running
-            }
-            PStep::FinalAccept => {
-                let r = l.call(
-                    self.home,
-                    Op::Accept {
-                        ev,
-                        cust: self.cust,
-                        units: self.units,
-                        a: self.a,
-                        mine: self.mine.iter().map(|(j, u)| (*j, *u)).collect(),
-                    },
-                );
-                match r {
-                    Reply::Yield => {
-                        self.step = PStep::Yield;
-                        Report::Running
-                    }
-                    r => self.at_home(r, "Accept"),
-                }
-            }
-            PStep::Yield => match l.call(self.home, Op::Yield { ev, a: self.a }) {
-                Reply::Ok => {
-                    self.step = PStep::ReturnAll(0);
-                    Report::Running
-                }
-                r => self.at_home(r, "Yield"),
-            },
-            PStep::ReturnAll(i) => {
-                let j = self.other(i);
-                match l.call(j, Op::ReturnAll { ev, upto: self.a }) {
-                    // Back off: the give-back waits for the repair.
-                    Reply::Corrupt => Report::Running,
-                    Reply::Ok if i + 2 < k => {
-                        self.step = PStep::ReturnAll(i + 1);
-                        Report::Running
-                    }
-                    Reply::Ok => {
-                        self.mine.clear();
-                        self.restart()
-                    }
-                    r => unexpected("ReturnAll", r),
-                }
-            }
-            PStep::Reserve => {
-                let hc = l.home(self.cust);
-                let r = l.call(
-                    hc,
-                    Op::Reserve {
-                        order: ev,
-                        cust: self.cust,
-                    },
-                );
-                let Reply::Reserved { ok, refused_now } = r else {
-                    unexpected("Reserve", r)
-                };
-                if refused_now {
-                    self.refusals += 1;
-                }
-                self.step = if ok { PStep::Settle } else { PStep::Undo };
-                Report::Running
-            }
-            PStep::Settle | PStep::Undo => {
-                let op = if self.step == PStep::Settle {
-                    Op::Settle { ev }
-                } else {
-                    Op::Undo { ev }
-                };
-                match l.call(self.home, op) {
-                    // Back off until the repair.
-                    Reply::Corrupt => Report::Running,
-                    r => self.at_home(r, "Settle or Undo"),
-                }
-            }
-            PStep::Unreserve => {
-                let hc = l.home(self.cust);
-                let _ = l.call(hc, Op::Unreserve { order: ev });
-                self.after_decision()
-            }
-            PStep::Cleanup(j) => {
-                let r = l.call(
-                    j,
-                    Op::Cleanup {
-                        ev,
-                        credited: self.credited.clone(),
-                    },
-                );
-                match r {
-                    Reply::Corrupt => Report::Running,
-                    Reply::Ok => {
-                        if let Some(&next) = self.holds_at.range(j + 1..).next() {
-                            self.step = PStep::Cleanup(next);
-                            return Report::Running;
-                        }
-                        Report::Done(Outcome::Placed(
-                            self.outcome.expect("a decision before its cleanup"),
-                        ))
-                    }
-                    r => unexpected("Cleanup", r),
-                }
-            }
-        }
-    }
-
-    pub fn cleaning(&self) -> bool {
-        self.cleanup
+/// Up to `units` are on their way to bucket j: every other bucket hears it
+/// (one call each, in a row; a corrupt bucket answers CORRUPT).
+fn notify_all_but(l: &mut Ledger, j: usize, units: Units) {
+    for m in (0..l.k()).filter(|m| *m != j) {
+        let _ = l.call(m, Op::Notify { to: j, units });
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum RStep {
-    /// The order's plain line first (a mixed order), one call at `{Q}`.
-    Plain,
-    Look,
-    Notify(Units),
-    Revert,
-    Release(Cust, Units),
-}
-
-/// One delivery of a refund of order `order`. The customer it names plays
-/// no part: the order's bucket keeps the stored one.
-#[derive(Clone, Debug)]
-pub struct RefundRun {
-    pub ev: Ev,
-    pub order: Ev,
-    /// The customer the refund names (may be another than the order's).
-    #[allow(dead_code)]
-    pub named: Cust,
-    step: RStep,
-}
-
-impl RefundRun {
-    pub fn new(ev: Ev, order: Ev, named: Cust) -> RefundRun {
-        RefundRun {
-            ev,
-            order,
-            named,
-            step: RStep::Look,
-        }
-    }
-
-    /// A refund of a mixed order: its plain line too (first).
-    pub fn with_plain(mut self) -> RefundRun {
-        self.step = RStep::Plain;
-        self
-    }
-
-    pub fn step(&mut self, l: &mut Ledger) -> Report {
-        let h = l.order_home(self.order);
-        let (ev, order) = (self.ev, self.order);
-        match self.step {
-            RStep::Plain => {
-                // rollback.lua on the plain line: revert a deduction, or
-                // leave a tombstone so the order cannot deduct here later.
-                let q = &mut l.plain;
-                match q.records.get(&order).copied() {
-                    Some(PlainRecord::Deducted(u)) => {
-                        q.avail += u;
-                        q.records.insert(order, PlainRecord::Reverted(u));
-                    }
-                    Some(_) => {}
-                    None => {
-                        q.records.insert(order, PlainRecord::Tomb);
-                    }
-                }
-                self.step = RStep::Look;
-                Report::Running
-            }
-            RStep::Look => match l.call(h, Op::RefundLook { ev, order }) {
-                Reply::Refund(r) => Report::Done(Outcome::Refund(r)),
-                Reply::Release(customer, units) => {
-                    self.step = RStep::Release(customer, units);
-                    Report::Running
-                }
-                Reply::Marked(units) => {
-                    // Marked: units are about to come back here; the others
-                    // hear it before they do.
-                    self.step = if l.mutant == Mutant::NoPendingMark {
-                        RStep::Revert
-                    } else {
-                        RStep::Notify(units)
-                    };
-                    Report::Running
-                }
-                // A placement still waiting for its reservation (a zombie
-                // delivery): look again once it has settled.
-                Reply::Wait => Report::Running,
-                r => unexpected("RefundLook", r),
-            },
-            RStep::Notify(units) => {
-                notify_all_but(l, h, units);
-                self.step = RStep::Revert;
-                Report::Running
-            }
-            RStep::Revert => {
-                match l.call(h, Op::RefundRevert { ev, order }) {
-                    Reply::Refund(r) => return Report::Done(Outcome::Refund(r)),
-                    Reply::Release(customer, units) => self.step = RStep::Release(customer, units),
-                    Reply::Relook => self.step = RStep::Look,
-                    r => unexpected("RefundRevert", r),
-                }
-                Report::Running
-            }
-            RStep::Release(customer, units) => {
-                let hc = l.home(customer);
-                let _ = l.call(hc, Op::Unreserve { order });
-                Report::Done(Outcome::Refund(Refund::Applied(units)))
+pub fn drive(w: &mut impl Walk, l: &mut Ledger) -> Report {
+    let mut replies = None;
+    loop {
+        match w.walk(replies.take()) {
+            Step::Report(r) => return r,
+            Step::Call(calls) => {
+                let mut got: Vec<Reply> = calls.into_iter().map(|(j, op)| l.call(j, op)).collect();
+                got.reverse();
+                replies = Some(got);
             }
         }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum TStep {
-    Mark,
-    Notify,
-    Take,
-    Credit(Units),
-    Settle(Units),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum AStep {
-    Mark(usize),
-    Notify(usize),
-    Credit(usize),
-    Remove(usize),
-}
-
-/// One run of the operator's `promo adjust` on a bucketed promotion: `n`
-/// added (or taken away) spread over the buckets as `promo set` splits an
-/// amount, bucket by bucket. Adding walks each bucket as a transfer from
-/// outside: mark it, notify the others (their bounds of it rise by its
-/// share), credit it once. Taking away takes at most what the bucket holds
-/// free, once per adjustment (what was taken is remembered, and reported).
-#[derive(Clone, Debug)]
-pub struct Adjust {
-    pub id: Ev,
-    pub n: Units,
-    pub add: bool,
-    step: AStep,
-}
-
-impl Adjust {
-    pub fn new(id: Ev, n: Units, add: bool) -> Adjust {
-        Adjust {
-            id,
-            n,
-            add,
-            step: if add {
-                AStep::Mark(0)
-            } else {
-                AStep::Remove(0)
-            },
-        }
-    }
-
-    fn next(&mut self, l: &Ledger, j: usize) -> Option<()> {
-        if j + 1 == l.k() {
-            return Some(());
-        }
-        self.step = if self.add {
-            AStep::Mark(j + 1)
-        } else {
-            AStep::Remove(j + 1)
-        };
-        None
-    }
-
-    /// One step; `Some(())` once finished.
-    pub fn step(&mut self, l: &mut Ledger) -> Option<()> {
-        let k = l.k();
-        let id = self.id;
-        match self.step {
-            AStep::Mark(j) => match l.call(j, Op::AdjustMark { id }) {
-                // Credited before.
-                Reply::Amount(_) => return self.next(l, j),
-                Reply::Ok if l.mutant == Mutant::AdjustNoNotify => self.step = AStep::Credit(j),
-                Reply::Ok => self.step = AStep::Notify(j),
-                r => unexpected("AdjustMark", r),
-            },
-            AStep::Notify(j) => {
-                notify_all_but(l, j, self.n.share(k, j));
-                self.step = AStep::Credit(j);
-            }
-            AStep::Credit(j) | AStep::Remove(j) => {
-                let share = self.n.share(k, j);
-                let op = if self.add {
-                    Op::AdjustCredit { id, share }
-                } else {
-                    Op::AdjustRemove { id, share }
-                };
-                match l.call(j, op) {
-                    Reply::Corrupt => {}
-                    Reply::Ok => return self.next(l, j),
-                    r => unexpected("AdjustCredit or AdjustRemove", r),
-                }
-            }
-        }
-        None
-    }
-}
-
-/// One run of an operator's transfer of `n` units from bucket `from` to
-/// bucket `to` (what `promo rebalance` does for each pair).
-#[derive(Clone, Debug)]
-pub struct Transfer {
-    pub id: Ev,
-    pub from: usize,
-    pub to: usize,
-    pub n: Units,
-    step: TStep,
-}
-
-impl Transfer {
-    pub fn new(id: Ev, from: usize, to: usize, n: Units) -> Transfer {
-        Transfer {
-            id,
-            from,
-            to,
-            n,
-            step: TStep::Mark,
-        }
-    }
-
-    /// One step; `Some(())` once finished.
-    pub fn step(&mut self, l: &mut Ledger) -> Option<()> {
-        let id = self.id;
-        match self.step {
-            TStep::Mark => match l.call(self.to, Op::TransferMark { id }) {
-                // Credited before: only the source's settlement is left.
-                Reply::Amount(c) => self.step = TStep::Settle(c),
-                Reply::Ok => self.step = TStep::Notify,
-                r => unexpected("TransferMark", r),
-            },
-            TStep::Notify => {
-                notify_all_but(l, self.to, self.n);
-                self.step = TStep::Take;
-            }
-            TStep::Take => {
-                let op = Op::TransferTake {
-                    id,
-                    n: self.n,
-                    to: self.to,
-                };
-                match l.call(self.from, op) {
-                    Reply::Corrupt => {}
-                    Reply::Amount(g) => self.step = TStep::Credit(g),
-                    r => unexpected("TransferTake", r),
-                }
-            }
-            TStep::Credit(took) => {
-                let op = Op::TransferCredit {
-                    id,
-                    from: self.from,
-                    took,
-                };
-                match l.call(self.to, op) {
-                    Reply::Corrupt => {}
-                    Reply::Amount(c) => self.step = TStep::Settle(c),
-                    r => unexpected("TransferCredit", r),
-                }
-            }
-            TStep::Settle(credited) => {
-                match l.call(self.from, Op::TransferSettle { id, credited }) {
-                    Reply::Corrupt => {}
-                    Reply::Ok => return Some(()),
-                    r => unexpected("TransferSettle", r),
-                }
-            }
-        }
-        None
     }
 }
 
@@ -772,8 +87,8 @@ pub fn sweep(l: &mut Ledger, transfers: &BTreeMap<Ev, (usize, usize, Units)>) {
                 ) {
                     continue;
                 }
-                let mut t = Transfer::new(id, j, dest, n);
-                while t.step(l).is_none() {}
+                let mut t = Transfer::new(id, j, dest, n, l.k());
+                while drive(&mut t, l) != Report::Done(Outcome::Moved) {}
                 continue;
             }
             let Reply::Event { credited, attempt } = l.call(to, Op::EventState { id }) else {
@@ -893,7 +208,7 @@ impl Order {
                     let p = plain_deduct(&mut l.plain, ev, u);
                     self.answer(i, p)
                 }
-                Line::Bucket => match self.place.step(l) {
+                Line::Bucket => match drive(&mut self.place, l) {
                     Report::Running => Report::Running,
                     Report::Short { fast, dim } => {
                         // Decided here; a cleanup of its gifts still runs
@@ -945,11 +260,7 @@ impl Order {
                         // Units are about to come back here: marked first,
                         // as a refund does; the others hear it before.
                         Reply::Marked(units) => {
-                            self.step = if l.mutant == Mutant::NoReleaseMark {
-                                OStep::RelRevert(i)
-                            } else {
-                                OStep::RelNotify(i, units)
-                            };
+                            self.step = OStep::RelNotify(i, units);
                             Report::Running
                         }
                         Reply::Release(customer, _) => {
@@ -1025,4 +336,20 @@ fn plain_release(q: &mut Plain, ev: Ev) {
         q.records.remove(&ev);
     }
     q.memos.entry(ev).or_insert(Placed::Released);
+}
+
+/// rollback.lua on a mixed order's plain line: revert a deduction, or
+/// leave a tombstone so the order cannot deduct there later.
+pub fn plain_rollback(l: &mut Ledger, order: Ev) {
+    let q = &mut l.plain;
+    match q.records.get(&order).copied() {
+        Some(PlainRecord::Deducted(u)) => {
+            q.avail += u;
+            q.records.insert(order, PlainRecord::Reverted(u));
+        }
+        Some(_) => {}
+        None => {
+            q.records.insert(order, PlainRecord::Tomb);
+        }
+    }
 }
