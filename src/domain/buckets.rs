@@ -48,6 +48,37 @@ impl BucketId for u32 {
     }
 }
 
+/// The service's ids: FNV-1a of the id's bytes, mod K. Stable across
+/// processes and releases (an order's bucket must never move: its record
+/// is there).
+impl BucketId for crate::domain::event::Id {
+    fn bucket(&self, k: usize) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.as_str().bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (h % k.max(1) as u64) as usize
+    }
+}
+
+/// A delivery of the protocol, as a driver steps it.
+pub trait Walk<I> {
+    /// One step, with the replies of the calls the previous step asked for
+    /// (in the order asked), `None` at first.
+    fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I>;
+    /// Whether the delivery is backing off: units are on their way and it
+    /// can be neither served nor rejected yet (ask again after a pause).
+    fn waiting(&self) -> bool {
+        false
+    }
+    /// Whether work is left after a `Report::Short` (a line that gathered
+    /// settles its gifts after its decision).
+    fn cleaning(&self) -> bool {
+        false
+    }
+}
+
 /// An amount of budget and of stock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Units {
@@ -213,6 +244,7 @@ pub enum Step<I> {
 
 /// In a step: the reply of the call this step asked for, or (the first
 /// time through) ask for it and return.
+/// (Replies are handed to a step reversed: it pops them.)
 macro_rules! call {
     ($self:ident, $replies:ident, $j:expr, $op:expr $(,)?) => {
         match $replies.as_mut().and_then(|v| v.pop()) {
@@ -1145,6 +1177,37 @@ impl<I: BucketId> Transfer<I> {
     }
 }
 
+macro_rules! walk {
+    ($($t:ident),*) => {
+        $(impl<I: BucketId> Walk<I> for $t<I> {
+            fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
+                self.step(replies.map(|mut r| {
+                    r.reverse();
+                    r
+                }))
+            }
+        })*
+    };
+}
+walk!(RefundRun, Transfer, Adjust);
+
+impl<I: BucketId> Walk<I> for Place<I> {
+    fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
+        self.step(replies.map(|mut r| {
+            r.reverse();
+            r
+        }))
+    }
+
+    fn waiting(&self) -> bool {
+        Place::waiting(self)
+    }
+
+    fn cleaning(&self) -> bool {
+        Place::cleaning(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1159,6 +1222,21 @@ mod tests {
             let least = parts.iter().map(|u| u.stock).min().unwrap_or(0);
             assert!(most - least <= 1, "K = {k}: {parts:?}");
         }
+    }
+
+    /// An order's bucket never moves (its record is there): the hash of
+    /// an id is pinned.
+    #[test]
+    fn an_ids_bucket_is_pinned() {
+        use crate::domain::event::Id;
+        let at = |s: &str, k: usize| Id::parse(s).map(|i| i.bucket(k)).unwrap_or(usize::MAX);
+        let got: Vec<usize> = ["o-1", "order-42", "c7", "a"]
+            .iter()
+            .map(|s| at(s, 8))
+            .collect();
+        // FNV-1a 64 of the bytes, mod 8 (computed apart, in Python).
+        assert_eq!(got, [0, 4, 7, 4]);
+        assert!((0..1000).all(|n| at(&format!("o{n}"), 3) < 3));
     }
 
     #[test]

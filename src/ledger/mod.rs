@@ -11,6 +11,7 @@
 //! awaited one after another.
 
 mod batch;
+pub mod buckets;
 pub mod calls;
 pub mod connect;
 pub mod durability;

@@ -207,6 +207,10 @@ pub static PROMO_STATUS: LazyLock<Script> = with_lib!("promo_status");
 pub static PROMO_ADJUST: LazyLock<Script> = with_lib!("promo_adjust");
 pub static PROMO_LIMIT: LazyLock<Script> = with_lib!("promo_limit");
 pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
+/// One operation of the bucket protocol on one bucket (docs/buckets.md;
+/// `super::buckets`). Not in [`all`] yet: no bucketed promotion exists
+/// until the pipeline walks them.
+pub static BUCKET: LazyLock<Script> = with_lib!("bucket");
 /// `deductor audit`'s read of one promotion at one instant (reads only).
 pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));

@@ -25,6 +25,7 @@
 //! Each mutant of the protocol (`Mutant`) must make the same property fail.
 
 mod bucket;
+mod driver;
 mod protocol;
 mod scripts;
 

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use deductor::domain::buckets as d;
-use deductor::domain::buckets::Step;
+use deductor::domain::buckets::{Step, Walk};
 
 use super::bucket::*;
 
@@ -24,26 +24,6 @@ pub type RefundRun = d::RefundRun<Ev>;
 pub type Transfer = d::Transfer<Ev>;
 pub type Adjust = d::Adjust<Ev>;
 
-/// A delivery of the protocol: stepped with the replies of the calls its
-/// previous step asked for.
-pub trait Walk {
-    fn walk(&mut self, replies: Option<Vec<Reply>>) -> Step<Ev>;
-}
-
-macro_rules! walk {
-    ($($t:ty),*) => {
-        $(impl Walk for $t {
-            fn walk(&mut self, replies: Option<Vec<Reply>>) -> Step<Ev> {
-                self.step(replies)
-            }
-        })*
-    };
-}
-walk!(Place, RefundRun, Transfer, Adjust);
-
-/// One step of `w` on the model: the calls it asks for, in a row (the
-/// replies given back in the order asked; the walker pops them from the
-/// end, so they are handed over reversed), then its report.
 fn unexpected(what: &str, r: Reply) -> ! {
     unreachable!("{what} answered {r:?}")
 }
@@ -56,15 +36,15 @@ fn notify_all_but(l: &mut Ledger, j: usize, units: Units) {
     }
 }
 
-pub fn drive(w: &mut impl Walk, l: &mut Ledger) -> Report {
+/// One step of `w` on the model: the calls it asks for, in a row, then
+/// its report.
+pub fn drive(w: &mut impl Walk<Ev>, l: &mut Ledger) -> Report {
     let mut replies = None;
     loop {
         match w.walk(replies.take()) {
             Step::Report(r) => return r,
             Step::Call(calls) => {
-                let mut got: Vec<Reply> = calls.into_iter().map(|(j, op)| l.call(j, op)).collect();
-                got.reverse();
-                replies = Some(got);
+                replies = Some(calls.into_iter().map(|(j, op)| l.call(j, op)).collect());
             }
         }
     }
@@ -87,8 +67,15 @@ pub fn sweep(l: &mut Ledger, transfers: &BTreeMap<Ev, (usize, usize, Units)>) {
                 ) {
                     continue;
                 }
+                // (A mutant may answer the look as healthy: a transfer that
+                // does not finish within its steps is left to the next
+                // sweep.)
                 let mut t = Transfer::new(id, j, dest, n, l.k());
-                while drive(&mut t, l) != Report::Done(Outcome::Moved) {}
+                for _ in 0..4 * l.k() + 8 {
+                    if drive(&mut t, l) == Report::Done(Outcome::Moved) {
+                        break;
+                    }
+                }
                 continue;
             }
             let Reply::Event { credited, attempt } = l.call(to, Op::EventState { id }) else {

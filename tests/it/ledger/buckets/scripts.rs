@@ -15,13 +15,14 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fred::prelude::{ClusterInterface, HashesInterface, KeysInterface, Value};
+use fred::prelude::{ClusterInterface, HashesInterface, KeysInterface};
 use fred::util::redis_keyslot;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::bucket::*;
 use super::{case, cases, run_traced, Case};
 use crate::common::redis::{cluster as cluster_redis, standalone, TestRedis};
+use deductor::ledger::buckets::{op_args as args, parse_reply as reply, BucketArg};
 
 const BODY: &str = concat!(
     include_str!("../../../../lua/lib.lua"),
@@ -40,150 +41,11 @@ struct Counts {
 }
 
 fn e(id: Ev) -> String {
-    // Zero-padded: the script orders ids as strings (seniority), the model
-    // as numbers.
-    format!("e{id:010}")
-}
-
-fn c(cust: Cust) -> String {
-    format!("c{cust}")
+    id.to_arg()
 }
 
 fn n(x: impl ToString) -> String {
     x.to_string()
-}
-
-fn dim(d: Dim) -> &'static str {
-    match d {
-        Dim::Budget => "budget_exceeded",
-        Dim::Stock => "stock_insufficient",
-    }
-}
-
-fn triples(xs: &[(usize, Units)]) -> String {
-    xs.iter()
-        .map(|(m, u)| format!("{m}:{}:{}", u.budget, u.stock))
-        .collect::<Vec<_>>()
-        .join(";")
-}
-
-fn credits(cs: &[Credit]) -> String {
-    cs.iter()
-        .map(|c| {
-            format!(
-                "{}:{}:{}:{}",
-                c.from, c.attempt, c.units.budget, c.units.stock
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(";")
-}
-
-/// The operation's name and arguments (ARGV[1] and ARGV[3..]).
-fn args(op: &Op) -> (&'static str, Vec<String>) {
-    let u = |x: &Units| [n(x.budget), n(x.stock)];
-    match op {
-        Op::Start { ev, cust, units } => {
-            let [b, s] = u(units);
-            ("Start", vec![e(*ev), c(*cust), b, s])
-        }
-        Op::Peek { ev } => ("Peek", vec![e(*ev)]),
-        Op::Reject {
-            ev,
-            a,
-            incr,
-            notify,
-            dim: d,
-            saw_corrupt,
-            seen,
-        } => (
-            "Reject",
-            vec![
-                e(*ev),
-                n(a),
-                n(incr),
-                n(notify),
-                dim(*d).into(),
-                n(u8::from(*saw_corrupt)),
-                triples(seen),
-            ],
-        ),
-        Op::Give {
-            ev,
-            a,
-            want,
-            receiver,
-        } => {
-            let [b, s] = u(want);
-            ("Give", vec![e(*ev), n(a), b, s, n(receiver)])
-        }
-        Op::Accept {
-            ev,
-            cust,
-            units,
-            a,
-            mine,
-        } => {
-            let [b, s] = u(units);
-            ("Accept", vec![e(*ev), c(*cust), b, s, n(a), triples(mine)])
-        }
-        Op::Yield { ev, a } => ("Yield", vec![e(*ev), n(a)]),
-        Op::ReturnAll { ev, upto } => ("ReturnAll", vec![e(*ev), n(upto)]),
-        Op::Reserve { order, cust } => ("Reserve", vec![e(*order), c(*cust)]),
-        Op::Settle { ev } => ("Settle", vec![e(*ev)]),
-        Op::Undo { ev } => ("Undo", vec![e(*ev)]),
-        Op::Unreserve { order } => ("Unreserve", vec![e(*order)]),
-        Op::Cleanup { ev, credited } => ("Cleanup", vec![e(*ev), credits(credited)]),
-        Op::RefundLook { ev, order } => ("RefundLook", vec![e(*ev), e(*order)]),
-        Op::Notify { to, units } => {
-            let [b, s] = u(units);
-            ("Notify", vec![n(to), b, s])
-        }
-        Op::RefundRevert { ev, order } => ("RefundRevert", vec![e(*ev), e(*order)]),
-        Op::ReleaseLook { ev } => ("ReleaseLook", vec![e(*ev)]),
-        Op::ReleaseRevert { ev } => ("ReleaseRevert", vec![e(*ev)]),
-        Op::Memo { ev } => ("Memo", vec![e(*ev)]),
-        Op::TransferMark { id } => ("TransferMark", vec![e(*id)]),
-        Op::TransferTake { id, n: x, to } => {
-            let [b, s] = u(x);
-            ("TransferTake", vec![e(*id), b, s, n(to)])
-        }
-        Op::TransferCredit { id, from, took } => {
-            let [b, s] = u(took);
-            ("TransferCredit", vec![e(*id), n(from), b, s])
-        }
-        Op::TransferSettle { id, credited } => {
-            let [b, s] = u(credited);
-            ("TransferSettle", vec![e(*id), b, s])
-        }
-        Op::AdjustMark { id } => ("AdjustMark", vec![e(*id)]),
-        Op::AdjustCredit { id, share } => {
-            let [b, s] = u(share);
-            ("AdjustCredit", vec![e(*id), b, s])
-        }
-        Op::AdjustRemove { id, share } => {
-            let [b, s] = u(share);
-            ("AdjustRemove", vec![e(*id), b, s])
-        }
-        Op::OpenGifts => ("OpenGifts", vec![]),
-        Op::EventState { id } => ("EventState", vec![e(*id)]),
-        Op::GiveBack { id, a } => ("GiveBack", vec![e(*id), n(a)]),
-    }
-}
-
-fn strings(v: Value) -> Result<Vec<String>, String> {
-    let Value::Array(items) = v else {
-        return Err(format!("not an array: {v:?}"));
-    };
-    items
-        .into_iter()
-        .map(|x| match x {
-            Value::String(s) => Ok(s.to_string()),
-            Value::Bytes(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-            Value::Integer(i) => Ok(i.to_string()),
-            other => Err(format!("element {other:?}")),
-        })
-        .collect()
 }
 
 fn int<T: std::str::FromStr>(s: &str) -> Result<T, String> {
@@ -192,157 +54,6 @@ fn int<T: std::str::FromStr>(s: &str) -> Result<T, String> {
 
 fn units(b: &str, s: &str) -> Result<Units, String> {
     Ok(Units::new(int(b)?, int(s)?))
-}
-
-fn ev_of(s: &str) -> Result<Ev, String> {
-    int(s
-        .strip_prefix('e')
-        .ok_or(format!("not an event id: {s:?}"))?)
-}
-
-fn cust_of(s: &str) -> Result<Cust, String> {
-    int(s
-        .strip_prefix('c')
-        .ok_or(format!("not a customer id: {s:?}"))?)
-}
-
-fn placed(reason: &str, u: Units) -> Result<Placed, String> {
-    Ok(match reason {
-        "accepted" => Placed::Accepted(u),
-        "budget_exceeded" => Placed::Short(Dim::Budget),
-        "stock_insufficient" => Placed::Short(Dim::Stock),
-        "user_limit_reached" => Placed::Limit,
-        "order_reverted" => Placed::Refunded,
-        "corrupt_promotion" => Placed::Corrupt,
-        "released" => Placed::Released,
-        other => return Err(format!("reason {other:?}")),
-    })
-}
-
-fn dim_of(s: &str) -> Result<Dim, String> {
-    match placed(s, Units::ZERO)? {
-        Placed::Short(d) => Ok(d),
-        other => Err(format!("not a dimension: {other:?}")),
-    }
-}
-
-fn parse_credits(s: &str) -> Result<Vec<Credit>, String> {
-    if s.is_empty() {
-        return Ok(Vec::new());
-    }
-    s.split(';')
-        .map(|c| {
-            let p: Vec<&str> = c.split(':').collect();
-            if p.len() != 4 {
-                return Err(format!("credit {c:?}"));
-            }
-            Ok(Credit {
-                from: int(p[0])?,
-                attempt: int(p[1])?,
-                units: units(p[2], p[3])?,
-            })
-        })
-        .collect()
-}
-
-fn flag(s: &str) -> bool {
-    s == "1"
-}
-
-/// The script's reply as the model's `Reply`.
-fn reply(v: Value) -> Result<Reply, String> {
-    let r = strings(v)?;
-    let a = |i: usize| -> Result<&str, String> {
-        r.get(i)
-            .map(String::as_str)
-            .ok_or(format!("reply {r:?}: no element {i}"))
-    };
-    Ok(match a(0)? {
-        "ok" => Reply::Ok,
-        "corrupt" => Reply::Corrupt,
-        "decided" => Reply::Decided(placed(a(1)?, units(a(2)?, a(3)?)?)?, parse_credits(a(4)?)?),
-        "tentative" => Reply::Tentative,
-        "short" => Reply::Short {
-            dim: dim_of(a(1)?)?,
-            fast: flag(a(2)?),
-        },
-        "wait" => Reply::Wait,
-        "restart" => Reply::Restart,
-        "yield" => Reply::Yield,
-        "gather" => Reply::Gather(Gather {
-            a: int(a(1)?)?,
-            incr: int(a(2)?)?,
-            notify: int(a(3)?)?,
-            avail: units(a(4)?, a(5)?)?,
-            held: units(a(6)?, a(7)?)?,
-            pending: flag(a(8)?),
-            senior: flag(a(9)?),
-            bounds: a(10)?
-                .split(';')
-                .map(|x| match x.split_once(',') {
-                    None => Ok(None),
-                    Some((b, s)) => units(b, s).map(Some),
-                })
-                .collect::<Result<_, _>>()?,
-        }),
-        "peeked" => Reply::Peeked {
-            corrupt: flag(a(1)?),
-            avail: units(a(2)?, a(3)?)?,
-            held: units(a(4)?, a(5)?)?,
-            holds: flag(a(6)?),
-            pending: flag(a(7)?),
-            senior: flag(a(8)?),
-        },
-        "gave" => Reply::Gave {
-            total: units(a(1)?, a(2)?)?,
-            senior: flag(a(3)?),
-        },
-        "reserved" => Reply::Reserved {
-            ok: flag(a(1)?),
-            refused_now: flag(a(2)?),
-        },
-        "refund" => Reply::Refund(match a(1)? {
-            "no_deduction" => Refund::NoDeduction,
-            "already_reverted" => Refund::AlreadyReverted,
-            "corrupt" => Refund::Corrupt,
-            other => return Err(format!("refund {other:?}")),
-        }),
-        "marked" => Reply::Marked(units(a(1)?, a(2)?)?),
-        "release" => Reply::Release(cust_of(a(1)?)?, units(a(2)?, a(3)?)?),
-        "relook" => Reply::Relook,
-        "nothing" => Reply::Nothing,
-        "memo" => Reply::Memo(match a(1)? {
-            "" => None,
-            m => Some(placed(m, Units::ZERO)?),
-        }),
-        "amount" => Reply::Amount(units(a(1)?, a(2)?)?),
-        "gifts" => {
-            let mut g = r[1..]
-                .iter()
-                .map(|x| {
-                    let p: Vec<&str> = x.split('#').collect();
-                    if p.len() != 3 {
-                        return Err(format!("gift {x:?}"));
-                    }
-                    Ok((ev_of(p[0])?, int(p[1])?, int(p[2])?))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            g.sort();
-            Reply::Gifts(g)
-        }
-        "event" => Reply::Event {
-            credited: if flag(a(1)?) {
-                Some(parse_credits(a(2)?)?)
-            } else {
-                None
-            },
-            attempt: match a(3)? {
-                "" => None,
-                x => Some(int(x)?),
-            },
-        },
-        other => return Err(format!("reply kind {other:?}: {r:?}")),
-    })
 }
 
 /// Bucket j's hash as a `View` (the budget a corruption hid, restored).

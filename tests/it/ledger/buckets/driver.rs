@@ -1,0 +1,221 @@
+//! The service's walk (src/domain/buckets.rs) driven on a real Redis by
+//! src/ledger/buckets.rs's `drive`, many deliveries at once: a flash sale
+//! on three buckets sells exactly its stock and strands nothing, refunds
+//! give back to the bucket they took from and are sold again, and the
+//! per-customer limit holds across buckets. On the standalone server and
+//! on the 3-node Cluster.
+
+use std::collections::BTreeMap;
+
+use deductor::domain::buckets::{Dim, Outcome, Place, Placed, Refund, RefundRun, Report, Units};
+use deductor::domain::event::Id;
+use deductor::ledger::buckets::{drive, Buckets};
+use fred::prelude::{Client, HashesInterface, KeysInterface};
+use futures::stream::{self, StreamExt};
+
+use crate::common::redis::{cluster, standalone, TestRedis};
+
+const K: usize = 3;
+
+fn id(s: String) -> Id {
+    Id::parse(&s).expect("an id")
+}
+
+async fn create(r: &TestRedis, name: &str, total: Units, limit: u32) -> Vec<String> {
+    let keys: Vec<String> = (0..K)
+        .map(|j| format!("{}promo:{{{name}~{j}}}", r.prefix))
+        .collect();
+    for (j, key) in keys.iter().enumerate() {
+        let share = total.share(K, j);
+        let mut fields: Vec<(String, String)> = vec![
+            ("budget".into(), share.budget.to_string()),
+            ("stock".into(), share.stock.to_string()),
+            ("index".into(), j.to_string()),
+            ("buckets".into(), K.to_string()),
+            ("per_customer".into(), limit.to_string()),
+        ];
+        for f in [
+            "held_budget",
+            "held_stock",
+            "set_budget",
+            "set_stock",
+            "incr",
+            "notify",
+        ] {
+            fields.push((f.into(), "0".into()));
+        }
+        let _: () = r.pool().hset(key, fields).await.expect("HSET");
+        let _: () = r.pool().expire(key, 3_600, None).await.expect("EXPIRE");
+    }
+    keys
+}
+
+/// What the buckets hold: free, given away, set aside (summed).
+async fn holdings(r: &TestRedis, keys: &[String]) -> (Units, Units, Units) {
+    let mut sum = [Units::ZERO; 3];
+    for key in keys {
+        let h: BTreeMap<String, String> = r.pool().hgetall(key).await.expect("HGETALL");
+        let get = |f: &str| -> i64 {
+            h.get(f)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} {f}: {h:?}"))
+        };
+        for (i, (b, s)) in [
+            ("budget", "stock"),
+            ("held_budget", "held_stock"),
+            ("set_budget", "set_stock"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert!(get(b) >= 0 && get(s) >= 0, "{key} below zero: {h:?}");
+            sum[i] += Units::new(get(b), get(s));
+        }
+    }
+    (sum[0], sum[1], sum[2])
+}
+
+/// Places one order per (order, customer), `width` at a time.
+async fn place(
+    client: &Client,
+    keys: &[String],
+    orders: Vec<(Id, Id)>,
+    width: usize,
+) -> Vec<(Id, Report)> {
+    let one = Units::new(1, 1);
+    stream::iter(orders)
+        .map(|(o, c)| {
+            let client = client.clone();
+            let keys = keys.to_vec();
+            async move {
+                let b = Buckets {
+                    client: &client,
+                    keys,
+                    ttl_secs: 3_600,
+                };
+                let mut p = Place::new(o.clone(), c, one, K);
+                let report = drive(&b, &mut p).await.expect("the walk");
+                (o, report)
+            }
+        })
+        .buffer_unordered(width)
+        .collect()
+        .await
+}
+
+fn accepted(reports: &[(Id, Report)]) -> Vec<Id> {
+    reports
+        .iter()
+        .filter(|(_, r)| matches!(r, Report::Done(Outcome::Placed(Placed::Accepted(_)))))
+        .map(|(o, _)| o.clone())
+        .collect()
+}
+
+async fn flash_sale(r: TestRedis) {
+    let client = r.pool().next().clone();
+    let keys = create(&r, "sale", Units::new(1_000, 45), 1).await;
+    // 150 orders for 45 units, 12 at a time.
+    let orders = (0..150)
+        .map(|n| (id(format!("o{n:04}")), id(format!("c{n:04}"))))
+        .collect();
+    let first = place(&client, &keys, orders, 12).await;
+    let sold = accepted(&first);
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, rep) in &first {
+        *kinds.entry(format!("{rep:?}")).or_default() += 1;
+    }
+    println!(
+        "{} buckets: {kinds:?}",
+        if r.cluster { "Cluster" } else { "standalone" }
+    );
+    assert_eq!(sold.len(), 45, "sold {} of 45", sold.len());
+    for (o, rep) in &first {
+        assert!(
+            matches!(
+                rep,
+                Report::Done(Outcome::Placed(
+                    Placed::Accepted(_) | Placed::Short(Dim::Stock)
+                )) | Report::Short {
+                    dim: Dim::Stock,
+                    ..
+                }
+            ),
+            "order {o}: {rep:?}"
+        );
+    }
+    let (free, held, set) = holdings(&r, &keys).await;
+    assert_eq!(
+        (free.stock, held, set),
+        (0, Units::ZERO, Units::ZERO),
+        "left in the buckets"
+    );
+    assert_eq!(free.budget, 1_000 - 45, "budget taken");
+
+    // Nine refunds at once, each naming the order only: what was taken
+    // goes back.
+    let refunds: Vec<Report> = stream::iter(sold.iter().take(9).cloned().enumerate())
+        .map(|(i, o)| {
+            let client = client.clone();
+            let keys = keys.clone();
+            async move {
+                let b = Buckets {
+                    client: &client,
+                    keys,
+                    ttl_secs: 3_600,
+                };
+                let mut run = RefundRun::new(id(format!("r{i:04}")), o, K);
+                drive(&b, &mut run).await.expect("the refund's walk")
+            }
+        })
+        .buffer_unordered(9)
+        .collect()
+        .await;
+    for rep in &refunds {
+        assert_eq!(
+            *rep,
+            Report::Done(Outcome::Refund(Refund::Applied(Units::new(1, 1)))),
+            "a refund"
+        );
+    }
+    let (free, _, _) = holdings(&r, &keys).await;
+    assert_eq!(free.stock, 9, "refunded units back");
+
+    // Thirty more orders: exactly the nine refunded units sell.
+    let orders = (150..180)
+        .map(|n| (id(format!("o{n:04}")), id(format!("c{n:04}"))))
+        .collect();
+    let second = place(&client, &keys, orders, 10).await;
+    assert_eq!(accepted(&second).len(), 9, "resold");
+    let (free, held, set) = holdings(&r, &keys).await;
+    assert_eq!(
+        (free.stock, held, set),
+        (0, Units::ZERO, Units::ZERO),
+        "left in the buckets"
+    );
+
+    // One customer, eight orders at once, a limit of one per customer:
+    // whichever buckets the orders land in, one is accepted.
+    let keys = create(&r, "limited", Units::new(1_000, 100), 1).await;
+    let orders = (0..8)
+        .map(|n| (id(format!("l{n:04}")), id("greedy".into())))
+        .collect();
+    let reports = place(&client, &keys, orders, 8).await;
+    assert_eq!(accepted(&reports).len(), 1, "{reports:?}");
+    let limited = reports
+        .iter()
+        .filter(|(_, r)| *r == Report::Done(Outcome::Placed(Placed::Limit)))
+        .count();
+    assert_eq!(limited, 7, "{reports:?}");
+    let (free, held, set) = holdings(&r, &keys).await;
+    assert_eq!((free.stock, held, set), (99, Units::ZERO, Units::ZERO));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_sale_on_three_buckets_sells_exactly_its_stock() {
+    flash_sale(standalone().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_sale_on_three_buckets_of_a_cluster_sells_exactly_its_stock() {
+    flash_sale(cluster().await).await;
+}
