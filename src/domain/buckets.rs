@@ -62,6 +62,53 @@ impl BucketId for crate::domain::event::Id {
     }
 }
 
+/// The hash tag of a bucketed promotion's bucket: `P~s` (`~` is in no id,
+/// so it can never be another promotion's tag).
+pub fn bucket_tag(promo: &str, suffix: u32) -> String {
+    format!("{promo}~{suffix}")
+}
+
+/// The suffixes of a bucketed promotion's K tags `{P~s}`, chosen so that
+/// the K slots land on as many primaries as there are, none serving more
+/// than ceil(K / N) of them. `node_of(tag)` names the primary (0..nodes)
+/// that serves the slot of `{tag}`, `None` when unknown. One node (a
+/// standalone server): 0..K-1. The lowest suffixes that fit are taken, so
+/// the same cluster layout always gives the same suffixes; if the layout
+/// cannot give every primary its share within 100,000 tries (a primary
+/// with almost no slots), the rest are the lowest suffixes not taken.
+pub fn bucket_suffixes(
+    promo: &str,
+    k: usize,
+    nodes: usize,
+    node_of: impl Fn(&str) -> Option<usize>,
+) -> Vec<u32> {
+    if nodes <= 1 {
+        return (0..k as u32).collect();
+    }
+    let cap = k.div_ceil(nodes);
+    let mut count = vec![0usize; nodes];
+    let mut out: Vec<u32> = Vec::with_capacity(k);
+    for s in 0..100_000u32 {
+        if out.len() == k {
+            break;
+        }
+        if let Some(n) = node_of(&bucket_tag(promo, s)).filter(|n| *n < nodes) {
+            if count[n] < cap {
+                count[n] += 1;
+                out.push(s);
+            }
+        }
+    }
+    let mut s = 0u32;
+    while out.len() < k {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+        s += 1;
+    }
+    out
+}
+
 /// A delivery of the protocol, as a driver steps it.
 pub trait Walk<I> {
     /// One step, with the replies of the calls the previous step asked for
@@ -1237,6 +1284,30 @@ mod tests {
         // FNV-1a 64 of the bytes, mod 8 (computed apart, in Python).
         assert_eq!(got, [0, 4, 7, 4]);
         assert!((0..1000).all(|n| at(&format!("o{n}"), 3) < 3));
+    }
+
+    #[test]
+    fn the_buckets_spread_over_the_primaries() {
+        // A fake layout: a tag's node is its length's and last digit's sum.
+        let node_of = |tag: &str| {
+            let d = tag.bytes().last().map_or(0, |b| usize::from(b - b'0'));
+            Some((tag.len() + d) % 3)
+        };
+        for k in 1..=9 {
+            let s = bucket_suffixes("P", k, 3, node_of);
+            assert_eq!(s.len(), k);
+            let mut per = [0usize; 3];
+            for x in &s {
+                per[node_of(&bucket_tag("P", *x)).unwrap_or(9)] += 1;
+            }
+            assert!(per.iter().all(|n| *n <= k.div_ceil(3)), "K = {k}: {per:?}");
+            let mut sorted = s.clone();
+            sorted.dedup();
+            assert_eq!(sorted.len(), k, "distinct suffixes: {s:?}");
+        }
+        assert_eq!(bucket_suffixes("P", 4, 1, |_| None), vec![0, 1, 2, 3]);
+        // Nothing known: still K distinct suffixes.
+        assert_eq!(bucket_suffixes("P", 3, 3, |_| None), vec![0, 1, 2]);
     }
 
     #[test]

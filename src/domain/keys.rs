@@ -58,6 +58,12 @@ impl Keys {
         format!("{}:{{{}}}", self.prefix, p)
     }
 
+    /// `promo:{P~s}`: bucket hash of a bucketed promotion P, on its own
+    /// slot (docs/buckets.md; `s` from `buckets::bucket_suffixes`).
+    pub fn bucket(&self, p: &Id, suffix: u32) -> String {
+        format!("{}:{{{}~{}}}", self.prefix, p, suffix)
+    }
+
     /// `promo:{P}:gen`: the last incarnation number of P (`promo_set.lua`).
     pub fn generation(&self, p: &Id) -> String {
         format!("{}:{{{}}}:gen", self.prefix, p)

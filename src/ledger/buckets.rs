@@ -9,12 +9,14 @@
 
 use std::time::Duration;
 
-use fred::prelude::{Client, Value};
+use fred::prelude::{Client, ClusterInterface, Value};
+use fred::util::redis_keyslot;
 
 use super::error::LedgerError;
 use super::scripts::{eval, BUCKET};
 use crate::domain::buckets::{
-    BucketId, Credit, Dim, Gather, Op, Placed, Refund, Reply, Report, Step, Units, Walk,
+    bucket_suffixes, BucketId, Credit, Dim, Gather, Op, Placed, Refund, Reply, Report, Step, Units,
+    Walk,
 };
 use crate::domain::event::Id;
 
@@ -339,6 +341,21 @@ pub fn parse_reply<I: BucketArg>(v: Value) -> Result<Reply<I>, String> {
             },
         },
         other => return Err(format!("reply kind {other:?}: {r:?}")),
+    })
+}
+
+/// The suffixes of promotion `promo`'s K bucket tags on the Redis that
+/// `client` talks to: on a Cluster, spread over its primaries by the slot
+/// each tag hashes to (`domain::buckets::bucket_suffixes`); else 0..K-1.
+pub fn choose_suffixes(client: &Client, promo: &str, k: usize) -> Vec<u32> {
+    let Some(routing) = client.cached_cluster_state() else {
+        return bucket_suffixes(promo, k, 1, |_| None);
+    };
+    let primaries = routing.unique_primary_nodes();
+    bucket_suffixes(promo, k, primaries.len(), |tag| {
+        let slot = redis_keyslot(format!("{{{tag}}}").as_bytes());
+        let server = routing.get_server(slot)?;
+        primaries.iter().position(|p| p == server)
     })
 }
 

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use deductor::domain::buckets::{Dim, Outcome, Place, Placed, Refund, RefundRun, Report, Units};
 use deductor::domain::event::Id;
-use deductor::ledger::buckets::{drive, Buckets};
-use fred::prelude::{Client, HashesInterface, KeysInterface};
+use deductor::ledger::buckets::{choose_suffixes, drive, Buckets};
+use fred::prelude::{Client, ClusterInterface, HashesInterface, KeysInterface};
+use fred::util::redis_keyslot;
 use futures::stream::{self, StreamExt};
 
 use crate::common::redis::{cluster, standalone, TestRedis};
@@ -22,9 +23,25 @@ fn id(s: String) -> Id {
 }
 
 async fn create(r: &TestRedis, name: &str, total: Units, limit: u32) -> Vec<String> {
-    let keys: Vec<String> = (0..K)
-        .map(|j| format!("{}promo:{{{name}~{j}}}", r.prefix))
-        .collect();
+    // The tags `promo set --buckets` will choose: on the Cluster, one
+    // bucket per primary.
+    let client = r.pool().next();
+    let suffixes = choose_suffixes(client, name, K);
+    let p = id(name.to_owned());
+    let keys: Vec<String> = suffixes.iter().map(|s| r.keys().bucket(&p, *s)).collect();
+    assert_eq!(
+        client.cached_cluster_state().is_some(),
+        r.cluster,
+        "the Cluster's layout known"
+    );
+    if let Some(routing) = client.cached_cluster_state() {
+        let nodes: std::collections::BTreeSet<String> = keys
+            .iter()
+            .filter_map(|k| routing.get_server(redis_keyslot(k.as_bytes())))
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(nodes.len(), K, "{keys:?} on {nodes:?}");
+    }
     for (j, key) in keys.iter().enumerate() {
         let share = total.share(K, j);
         let mut fields: Vec<(String, String)> = vec![
