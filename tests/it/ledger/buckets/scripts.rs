@@ -10,7 +10,7 @@
 //! it does to the model, from every state those runs reach.
 //!
 //! Cases: `PROPTEST_CASES` (default 3,000, at most 300 here: each call is a
-//! round trip).
+//! round trip; `BUCKET_SCRIPT_CASES` sets any number).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -247,7 +247,12 @@ fn check(
 #[test]
 fn the_bucket_script_answers_as_the_model() {
     let counts = Counts::default();
-    let result = check(BODY, false, cases(3_000).min(300), 256, &counts);
+    // BUCKET_SCRIPT_CASES for a longer run; each call is a round trip.
+    let n = std::env::var("BUCKET_SCRIPT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| cases(3_000).min(300));
+    let result = check(BODY, false, n, 256, &counts);
     println!(
         "bucket script: {} cases, {} calls replayed, {} corruptions",
         counts.cases.load(Ordering::Relaxed),
