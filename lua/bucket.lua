@@ -34,7 +34,9 @@
 -- Corrupt data: a counter of the bucket hash that is not a canonical integer
 -- makes the bucket corrupt; an operation that needs the counters then replies
 -- {"corrupt"} and writes nothing, or, where it decides, decides
--- corrupt_promotion under the event's memo.
+-- corrupt_promotion under the event's memo. Any other stored value it cannot
+-- read is the error "CORRUPT <key> ...": every operation reads all it needs
+-- before its first write, so that error leaves every key as it was.
 
 local B = KEYS[1]
 local op = ARGV[1]
@@ -209,9 +211,20 @@ end
 local function holds(e)
   return #redis.call('ZRANGEBYLEX', B .. ':holding', '[' .. e .. '#', '(' .. e .. '$', 'LIMIT', 0, 1) > 0
 end
--- Gift (e, a) goes back, if it is still given.
-local function give_back(k, e, a)
-  local g = gift(e, a)
+-- The event's gifts still given here, read before anything is written
+-- ({a, gift} by ascending attempt; a member whose key has expired is
+-- skipped).
+local function open_gifts(e)
+  local out = {}
+  for _, a in ipairs(open_attempts(e)) do
+    local g = gift(e, a)
+    if g ~= nil and g.state == 'g' then out[#out + 1] = { a, g } end
+  end
+  return out
+end
+
+-- Gift (e, a), as read (`g`), goes back if it is still given.
+local function give_back(k, e, a, g)
   if g == nil or g.state ~= 'g' then return end
   if any_pos(g.units) then
     k.avail = add(k.avail, g.units)
@@ -265,10 +278,11 @@ local function settle(k, e)
 end
 
 local function take(k, h, e, c, units, own, cr)
+  local limited = config(h, 'per_customer') ~= nil
   k.avail = sub(k.avail, own)
   k.set = add(k.set, own)
   write_record(e, { state = 't', customer = c, units = units, own = own, cr = cr })
-  if config(h, 'per_customer') ~= nil then
+  if limited then
     save(k)
     return { 'tentative' }
   end
@@ -372,12 +386,13 @@ function OPS.Give(e, a, b, s, receiver)
   a = num(a)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  -- A gift of an earlier attempt can never be credited: it goes back first.
-  for _, old in ipairs(open_attempts(e)) do
-    if old < a then give_back(k, e, old) end
-  end
+  local stale = open_gifts(e)
   local senior = b01(senior_holds(e))
   local g0 = gift(e, a)
+  -- A gift of an earlier attempt can never be credited: it goes back first.
+  for _, x in ipairs(stale) do
+    if x[1] < a then give_back(k, e, x[1], x[2]) end
+  end
   local had = ZERO
   if g0 and g0.state == 's' then
     save(k)
@@ -442,8 +457,8 @@ function OPS.ReturnAll(e, upto)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
   upto = num(upto)
-  for _, a in ipairs(open_attempts(e)) do
-    if a <= upto then give_back(k, e, a) end
+  for _, x in ipairs(open_gifts(e)) do
+    if x[1] <= upto then give_back(k, e, x[1], x[2]) end
   end
   save(k)
   return { 'ok' }
@@ -498,8 +513,8 @@ function OPS.Unreserve(o)
   local v = get(B .. ':resv:' .. o)
   if v ~= nil and string.sub(v, 1, 2) == 'h|' then
     local c = string.sub(v, 3)
-    put(B .. ':resv:' .. o, 'f|' .. c)
     local used = num(get(B .. ':used:' .. c) or '0', B .. ':used:' .. c)
+    put(B .. ':resv:' .. o, 'f|' .. c)
     put(B .. ':used:' .. c, int(used - 1))
   end
   return { 'ok' }
@@ -508,8 +523,8 @@ end
 -- Settle bucket k's gifts of event e after its decision: what `credited`
 -- consumed is settled, the rest goes back.
 local function settle_event(k, j, e, credited)
-  for _, a in ipairs(open_attempts(e)) do
-    local g = gift(e, a)
+  for _, x in ipairs(open_gifts(e)) do
+    local a, g = x[1], x[2]
     local used = ZERO
     for _, c in ipairs(credited) do
       if c[1] == j and c[2] == a then used = add(used, c[3]) end
@@ -571,10 +586,11 @@ end
 function OPS.Notify(to, b, s)
   local k, h = read_bucket()
   if k == nil then return { 'corrupt' } end
+  local x = h['bound:' .. to]
+  if x ~= nil then x = ustr(add(uparse(x), U(num(b), num(s)))) end
   k.notify = k.notify + 1
   save(k)
-  local x = h['bound:' .. to]
-  if x ~= nil then redis.call('HSET', B, 'bound:' .. to, ustr(add(uparse(x), U(num(b), num(s))))) end
+  if x ~= nil then redis.call('HSET', B, 'bound:' .. to, x) end
   return { 'ok' }
 end
 
@@ -588,10 +604,11 @@ end
 
 -- RefundRevert E O
 function OPS.RefundRevert(e, o)
-  redis.call('SREM', B .. ':pending', e)
-  if refund_memo(e) == 'corrupt' then return { 'refund', 'corrupt', '0', '0' } end
+  local memo_ = refund_memo(e)
   local k = read_bucket()
   local r = record(o)
+  redis.call('SREM', B .. ':pending', e)
+  if memo_ == 'corrupt' then return { 'refund', 'corrupt', '0', '0' } end
   if r == nil or r.state ~= 'd' then return { 'relook' } end
   if k == nil then
     put(B .. ':refund:' .. e, 'corrupt')
@@ -619,8 +636,8 @@ end
 function OPS.ReleaseRevert(e)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  redis.call('SREM', B .. ':pending', e)
   local r = record(e)
+  redis.call('SREM', B .. ':pending', e)
   if r and r.state == 'd' then
     give_back_record(k, e, r, 'r')
     return { 'release', r.customer, int(r.units[1]), int(r.units[2]) }
@@ -669,8 +686,8 @@ end
 function OPS.TransferCredit(t, _from, b, s)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  redis.call('SREM', B .. ':pending', t)
   local c = credited_in(t)
+  redis.call('SREM', B .. ':pending', t)
   if c then return { 'amount', int(c[1]), int(c[2]) } end
   local took = U(num(b), num(s))
   if any_pos(took) then
@@ -705,8 +722,9 @@ end
 function OPS.AdjustCredit(t, b, s)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
+  local c = credited_in(t)
   redis.call('SREM', B .. ':pending', t)
-  if credited_in(t) == nil then
+  if c == nil then
     local share = U(num(b), num(s))
     put(B .. ':in:' .. t, ustr(share))
     k.avail = add(k.avail, share)
@@ -735,8 +753,9 @@ function OPS.OpenGifts()
   local out = { 'gifts' }
   for _, m in ipairs(redis.call('ZRANGEBYLEX', B .. ':open', '-', '+')) do
     local i = string.find(m, '#', 1, true)
+    if i == nil then corrupt(B .. ':open', 'member', m) end
     local g = gift(string.sub(m, 1, i - 1), string.sub(m, i + 1))
-    out[#out + 1] = m .. '#' .. g.to
+    if g ~= nil and g.state == 'g' then out[#out + 1] = m .. '#' .. g.to end
   end
   return out
 end
@@ -755,7 +774,7 @@ end
 function OPS.GiveBack(e, a)
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  give_back(k, e, num(a))
+  give_back(k, e, num(a), gift(e, num(a)))
   save(k)
   return { 'ok' }
 end

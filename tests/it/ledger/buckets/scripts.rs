@@ -90,7 +90,9 @@ async fn replay(
     trace: &[Traced],
     counts: &Counts,
 ) -> Result<(), TestCaseError> {
-    let key = |j: usize| format!("{}promo:{{p{case_no}~{j}}}", r.prefix);
+    // Under the test's prefix, as `Keys::bucket` names them (so the
+    // test's cleanup and dumps see them).
+    let key = |j: usize| format!("{}:{{p{case_no}~{j}}}", r.prefix);
     for j in 0..c.k {
         let share = c.initial.share(c.k, j);
         let mut fields = vec![
@@ -320,7 +322,7 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
         .expect("a runtime");
     rt.block_on(async {
         let r = standalone().await;
-        let key = format!("{}promo:{{bad~0}}", r.prefix);
+        let key = format!("{}:{{bad~0}}", r.prefix);
         let fields: Vec<(String, String)> = [
             ("budget", "10"),
             ("stock", "10"),
@@ -447,6 +449,10 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
             v.into_iter().map(str::to_owned).collect()
         };
         let before = r.dump().await;
+        assert!(
+            before.contains_key(&key),
+            "the dump sees the bucket: {before:?}"
+        );
         let mut refused = 0;
         let mut expect_badarg = |argv: Vec<String>, keys: Vec<String>, what: String| {
             let r = &r;
@@ -529,9 +535,50 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
                 Op::TransferTake { id: 3, n: u, to: 1 },
             ),
             (format!(":in:{}", e(3)), "1;1", Op::TransferMark { id: 3 }),
+            // Met after what the call would write first: the pending
+            // mark's removal, the give-back of a stale gift, the
+            // notification's count, the credit's mark, the reservation.
+            (
+                format!(":order:{}", e(1)),
+                "d|c1|1",
+                Op::RefundRevert { ev: 2, order: 1 },
+            ),
+            (
+                format!(":gift:{}:0", e(1)),
+                "g|1",
+                Op::Give {
+                    ev: 1,
+                    a: 1,
+                    want: u,
+                    receiver: 1,
+                },
+            ),
+            (
+                format!(":in:{}", e(3)),
+                "x,1",
+                Op::TransferCredit {
+                    id: 3,
+                    from: 1,
+                    took: u,
+                },
+            ),
+            (format!(":used:{}", e(1)), "-", Op::Unreserve { order: 1 }),
         ] {
             let k = format!("{key}{suffix}");
             r.set(&k, value).await;
+            // What the call would have read before: a pending mark, the
+            // stale gift listed as open, a reservation held.
+            r.set(&format!("{key}:resv:{}", e(1)), &format!("h|{}", e(1)))
+                .await;
+            r.eval(
+                "redis.call('ZADD', KEYS[1], 0, ARGV[1]) redis.call('SADD', KEYS[2], ARGV[2])",
+                vec![format!("{key}:open"), format!("{key}:pending")],
+                vec![format!("{}#0", e(1)), e(2)],
+            )
+            .await
+            .expect("ZADD, SADD");
+            let before = r.dump().await;
+            assert!(before.contains_key(&k), "the dump sees {k}");
             let (name, rest) = args(&op);
             let mut argv = vec![name.to_owned(), TTL.to_owned()];
             argv.extend(rest);
@@ -539,6 +586,7 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
                 Err(err) if err.details().starts_with(&format!("CORRUPT {k} ")) => {}
                 other => panic!("{k} = {value:?}, {argv:?} answered {other:?}, not CORRUPT {k}"),
             }
+            assert_eq!(r.dump().await, before, "{argv:?} wrote before it met {k}");
             r.del(&k).await;
         }
     });
