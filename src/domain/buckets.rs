@@ -291,7 +291,17 @@ pub enum Step<I> {
 
 /// In a step: the reply of the call this step asked for, or (the first
 /// time through) ask for it and return.
-/// (Replies are handed to a step reversed: it pops them.)
+/// What a step returns: the calls it asked for, if any, else its report.
+fn asked_or<I>(out: &mut Vec<(usize, Op<I>)>, report: Report) -> Step<I> {
+    if out.is_empty() {
+        Step::Report(report)
+    } else {
+        Step::Call(std::mem::take(out))
+    }
+}
+
+/// (A step that makes one call gets one reply; the replies of a step's
+/// notifications are not read.)
 macro_rules! call {
     ($self:ident, $replies:ident, $j:expr, $op:expr $(,)?) => {
         match $replies.as_mut().and_then(|v| v.pop()) {
@@ -712,11 +722,7 @@ impl<I: BucketId> Place<I> {
     /// for (`Step::Call`), `None` at first.
     pub fn step(&mut self, mut replies: Option<Vec<Reply<I>>>) -> Step<I> {
         let report = self.step_inner(&mut replies);
-        if self.out.is_empty() {
-            Step::Report(report)
-        } else {
-            Step::Call(std::mem::take(&mut self.out))
-        }
+        asked_or(&mut self.out, report)
     }
 
     fn step_inner(&mut self, replies: &mut Option<Vec<Reply<I>>>) -> Report {
@@ -976,11 +982,7 @@ impl<I: BucketId> RefundRun<I> {
     /// One step (see `Place::step`).
     pub fn step(&mut self, mut replies: Option<Vec<Reply<I>>>) -> Step<I> {
         let report = self.step_inner(&mut replies);
-        if self.out.is_empty() {
-            Step::Report(report)
-        } else {
-            Step::Call(std::mem::take(&mut self.out))
-        }
+        asked_or(&mut self.out, report)
     }
 
     fn step_inner(&mut self, replies: &mut Option<Vec<Reply<I>>>) -> Report {
@@ -1092,11 +1094,7 @@ impl<I: BucketId> Adjust<I> {
     /// One step (see `Place::step`); `Done(Moved)` once finished.
     pub fn step(&mut self, mut replies: Option<Vec<Reply<I>>>) -> Step<I> {
         let report = self.step_inner(&mut replies);
-        if self.out.is_empty() {
-            Step::Report(report)
-        } else {
-            Step::Call(std::mem::take(&mut self.out))
-        }
+        asked_or(&mut self.out, report)
     }
 
     fn step_inner(&mut self, replies: &mut Option<Vec<Reply<I>>>) -> Report {
@@ -1163,11 +1161,7 @@ impl<I: BucketId> Transfer<I> {
     /// One step (see `Place::step`); `Done(Moved)` once finished.
     pub fn step(&mut self, mut replies: Option<Vec<Reply<I>>>) -> Step<I> {
         let report = self.step_inner(&mut replies);
-        if self.out.is_empty() {
-            Step::Report(report)
-        } else {
-            Step::Call(std::mem::take(&mut self.out))
-        }
+        asked_or(&mut self.out, report)
     }
 
     fn step_inner(&mut self, replies: &mut Option<Vec<Reply<I>>>) -> Report {
@@ -1228,10 +1222,7 @@ macro_rules! walk {
     ($($t:ident),*) => {
         $(impl<I: BucketId> Walk<I> for $t<I> {
             fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
-                self.step(replies.map(|mut r| {
-                    r.reverse();
-                    r
-                }))
+                self.step(replies)
             }
         })*
     };
@@ -1240,10 +1231,7 @@ walk!(RefundRun, Transfer, Adjust);
 
 impl<I: BucketId> Walk<I> for Place<I> {
     fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
-        self.step(replies.map(|mut r| {
-            r.reverse();
-            r
-        }))
+        self.step(replies)
     }
 
     fn waiting(&self) -> bool {

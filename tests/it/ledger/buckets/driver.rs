@@ -14,6 +14,7 @@ use fred::prelude::{Client, ClusterInterface, HashesInterface, KeysInterface};
 use fred::util::redis_keyslot;
 use futures::stream::{self, StreamExt};
 
+use super::scripts::bucket_fields;
 use crate::common::redis::{cluster, standalone, TestRedis};
 
 const K: usize = 3;
@@ -43,24 +44,7 @@ async fn create(r: &TestRedis, name: &str, total: Units, limit: u32) -> Vec<Stri
         assert_eq!(nodes.len(), K, "{keys:?} on {nodes:?}");
     }
     for (j, key) in keys.iter().enumerate() {
-        let share = total.share(K, j);
-        let mut fields: Vec<(String, String)> = vec![
-            ("budget".into(), share.budget.to_string()),
-            ("stock".into(), share.stock.to_string()),
-            ("index".into(), j.to_string()),
-            ("buckets".into(), K.to_string()),
-            ("per_customer".into(), limit.to_string()),
-        ];
-        for f in [
-            "held_budget",
-            "held_stock",
-            "set_budget",
-            "set_stock",
-            "incr",
-            "notify",
-        ] {
-            fields.push((f.into(), "0".into()));
-        }
+        let fields = bucket_fields(total.share(K, j), j, K, Some(limit));
         let _: () = r.pool().hset(key, fields).await.expect("HSET");
         let _: () = r.pool().expire(key, 3_600, None).await.expect("EXPIRE");
     }

@@ -82,6 +82,36 @@ fn view(h: &BTreeMap<String, String>, k: usize, hidden: Option<&str>) -> Result<
     })
 }
 
+/// A fresh bucket's hash: `share` free, nothing held or set aside, its
+/// place among K, the per-customer limit (absent: none).
+pub(super) fn bucket_fields(
+    share: Units,
+    j: usize,
+    k: usize,
+    limit: Option<u32>,
+) -> Vec<(String, String)> {
+    let mut fields = vec![
+        ("budget".to_owned(), n(share.budget)),
+        ("stock".to_owned(), n(share.stock)),
+        ("index".to_owned(), n(j)),
+        ("buckets".to_owned(), n(k)),
+    ];
+    for f in [
+        "held_budget",
+        "held_stock",
+        "set_budget",
+        "set_stock",
+        "incr",
+        "notify",
+    ] {
+        fields.push((f.to_owned(), "0".to_owned()));
+    }
+    if let Some(limit) = limit {
+        fields.push(("per_customer".to_owned(), n(limit)));
+    }
+    fields
+}
+
 async fn replay(
     r: &TestRedis,
     body: &str,
@@ -94,26 +124,7 @@ async fn replay(
     // test's cleanup and dumps see them).
     let key = |j: usize| format!("{}:{{p{case_no}~{j}}}", r.prefix);
     for j in 0..c.k {
-        let share = c.initial.share(c.k, j);
-        let mut fields = vec![
-            ("budget".to_owned(), n(share.budget)),
-            ("stock".to_owned(), n(share.stock)),
-            ("index".to_owned(), n(j)),
-            ("buckets".to_owned(), n(c.k)),
-        ];
-        for f in [
-            "held_budget",
-            "held_stock",
-            "set_budget",
-            "set_stock",
-            "incr",
-            "notify",
-        ] {
-            fields.push((f.to_owned(), "0".to_owned()));
-        }
-        if let Some(limit) = c.limit {
-            fields.push(("per_customer".to_owned(), n(limit)));
-        }
+        let fields = bucket_fields(c.initial.share(c.k, j), j, c.k, c.limit);
         let _: () = r.pool().hset(key(j), fields).await.expect("HSET");
         let _: () = r.pool().expire(key(j), 3_600, None).await.expect("EXPIRE");
     }
