@@ -5,14 +5,16 @@
 -- the model in tests/it/ledger/buckets/bucket.rs (`Op`, `Reply`), which a
 -- differential test holds this script to, call by call.
 --
--- Not yet used by the service: the service walk, `promo set --buckets` and the
--- contract's keys come with the rest of issue 28 (docs/buckets.md, "Status").
+-- The service runs it for every line of a bucketed promotion (src/ledger/buckets.rs);
+-- docs/contract.md section 2b gives its keys and rules.
 --
 -- KEYS[1] bucket  promo:{P~k}   hash: budget, stock (free), held_budget, held_stock (given,
 --                               not settled), set_budget, set_stock (set aside, waiting for a
 --                               reservation), incr, notify (counters), bound:<j> = "b,s"
 --                               (an upper bound of bucket j), index (k), buckets (K),
---                               per_customer (absent: no limit)
+--                               per_customer (absent: no limit), status, starts_at,
+--                               ends_at (copies of the promotion's, written by promo set,
+--                               pause and resume)
 -- Every other key is KEYS[1] followed by a suffix, so it is in the same slot:
 --   :order:{O}     the order's record (below)          :rejected:{E}  the event's memo
 --   :attempt:{E}   the event's gather attempt          :refund:{E}    a refund's decision
@@ -308,13 +310,22 @@ end
 
 local OPS = {}
 
--- Start E C b s
-function OPS.Start(e, c, b, s)
+-- Start E C b s t (t: the event's business time, unix seconds)
+function OPS.Start(e, c, b, s, t)
   local units = U(num(b), num(s))
   local hc = home_checks(e)
   if hc then return hc end
   local k, h = read_bucket()
   if k == nil then return decide_corrupt(e) end
+  -- The promotion's status and window, copied into every bucket (promo set, pause,
+  -- resume): checked as deduct.lua's step 4, remembered like any rejection.
+  local status, from, to = h.status or 'active', config(h, 'starts_at'), config(h, 'ends_at')
+  if status ~= 'active' and status ~= 'paused' then return decide_corrupt(e) end
+  t = num(t)
+  if status == 'paused' or (from and t < from) or (to and t >= to) then
+    put(B .. ':rejected:' .. e, 'promotion_inactive')
+    return decided_reply('promotion_inactive', ZERO, '')
+  end
   if covers(k.avail, units) then return take(k, h, e, c, units, units, '') end
   local j, kk = config(h, 'index'), config(h, 'buckets')
   local bound = ZERO
@@ -783,7 +794,7 @@ end
 -- characters), a count (canonical), a dimension (a short reason), a flag
 -- (0 or 1), "m:b:s" items or "j:a:b:s" credits joined by ";" (or empty).
 local SIGNATURES = {
-  Start = { 'id', 'id', 'n', 'n' },
+  Start = { 'id', 'id', 'n', 'n', 'n' },
   Peek = { 'id' },
   Reject = { 'id', 'n', 'n', 'n', 'dim', 'flag', 'items3' },
   Give = { 'id', 'n', 'n', 'n', 'n' },

@@ -90,7 +90,9 @@ local function entry(key)
   if ok then
     c = { promo = res, moved = { budget = 0, stock = 0 } }
     if res then c.budget0, c.stock0 = res.budget, res.stock end
-  elseif is_corrupt(res) then
+  elseif is_corrupt(res) or (type(res) == 'table' and type(res.fail) == 'string'
+      and string.sub(res.fail, 1, 9) == 'BUCKETED ') then
+    -- (A bucketed promotion's directory: every line of it gets the error.)
     c = { err = res }
   else
     error(res, 0) -- not a property of the data (NOPERM, ...): not kept, read again

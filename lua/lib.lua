@@ -104,7 +104,14 @@ local function read_promotion(key)
     initial_budget = nil, initial_stock = nil, status = 'active', gen = nil }
   for i = 1, #r, 2 do
     local f = r[i]
-    if IS_PROMOTION_NUMBER[f] or f == 'status' or f == 'gen' then p[f] = r[i + 1] end
+    if IS_PROMOTION_NUMBER[f] or f == 'status' or f == 'gen' then
+      p[f] = r[i + 1]
+    elseif f == 'buckets' then
+      -- A bucketed promotion's directory (docs/contract.md section 2b): its units
+      -- are in its buckets, which lua/bucket.lua serves. Nothing is written; the
+      -- service learns the promotion is bucketed and walks its buckets instead.
+      fail('BUCKETED ' .. key)
+    end
   end
   for i = 1, 7 do
     local field = PROMOTION_NUMBERS[i]

@@ -358,6 +358,12 @@ pub struct PromoSetArgs {
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,
+    /// Split it into K buckets on K hash tags (on a Redis Cluster, spread
+    /// over the primaries), so one hot promotion's work spreads over K
+    /// Redis threads (docs/operations.md, "Bucketed promotions"). Needs
+    /// --budget and --stock; only for a new promotion.
+    #[arg(long, value_name = "K", conflicts_with = "force")]
+    pub buckets: Option<usize>,
     /// Replace an existing promotion (its whole hash: initial and remaining
     /// amounts start afresh). Refused while orders hold deductions unless
     /// --discard-outstanding is given too; prefer promo adjust / limit /

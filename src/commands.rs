@@ -150,7 +150,13 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 ends_at: a.ends_at,
                 paused: a.paused,
             };
-            let result = if a.force && !a.discard_outstanding {
+            if a.force {
+                crate::admin::bucketed::refuse_if_bucketed(&ledger, &p, "promo set --force")
+                    .await?;
+            }
+            let result = if let Some(k) = a.buckets {
+                crate::admin::bucketed::create(&ledger, &p, spec, k).await?
+            } else if a.force && !a.discard_outstanding {
                 // Explains what is outstanding (counting records where the
                 // hash cannot say); the script checks again as it writes.
                 promos::guard_replace(&ledger, &p).await?;
@@ -203,6 +209,7 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 budget: a.budget,
                 stock: a.stock,
             };
+            crate::admin::bucketed::refuse_if_bucketed(&ledger, &p, "promo adjust").await?;
             let now = promos::adjust(&ledger, &p, adj).await?;
             println!("promotion {p} adjusted: {now}");
         }
@@ -213,7 +220,11 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 Limit::None => None,
                 Limit::Orders(n) => Some(n),
             };
-            let (change, previous) = promos::limit(&ledger, &p, want).await?;
+            let (change, previous) = match crate::admin::bucketed::limit(&ledger, &p, want).await? {
+                Some((true, previous)) => (Change::Changed, previous),
+                Some((false, previous)) => (Change::Unchanged, previous),
+                None => promos::limit(&ledger, &p, want).await?,
+            };
             let words =
                 |n: Option<u64>| n.map_or("no limit".to_owned(), |n| format!("{n} per customer"));
             match change {
@@ -255,6 +266,7 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
         PromoCommand::Delete { promotion, force } => {
             let p = promotion_id(&promotion)?;
             let ledger = connect(settings).await?;
+            crate::admin::bucketed::refuse_if_bucketed(&ledger, &p, "promo delete").await?;
             promos::delete(&ledger, &p, force).await?;
             println!("promotion {p} deleted");
         }
@@ -265,7 +277,11 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
 async fn set_paused(settings: &Settings, promotion: &str, paused: bool) -> anyhow::Result<()> {
     let p = promotion_id(promotion)?;
     let ledger = connect(settings).await?;
-    let change = promos::set_paused(&ledger, &p, paused).await?;
+    let change = match crate::admin::bucketed::set_paused(&ledger, &p, paused).await? {
+        Some(true) => Change::Changed,
+        Some(false) => Change::Unchanged,
+        None => promos::set_paused(&ledger, &p, paused).await?,
+    };
     let state = if paused { "paused" } else { "active" };
     match change {
         Change::Changed => println!("promotion {p} {state}"),

@@ -136,6 +136,7 @@ impl Record {
         serde_json::json!({
             "promotion_id": self.promotion_id,
             "order_id": self.order_id,
+            "bucket": self.get("bucket"),
             "state": self.get("state"),
             "event_id": self.get("event"),
             "customer_id": self.get("customer"),
@@ -169,9 +170,20 @@ impl Record {
             let state = match self.get("state") {
                 Some("deducted") => "deducted".to_owned(),
                 Some("reverted") => "reverted (everything returned)".to_owned(),
+                Some("set_aside") => {
+                    "set aside (waiting for the customer's reservation)".to_owned()
+                }
+                Some("released") => "released (its event was rejected on another line)".to_owned(),
                 other => format!("state {:?} (not a known state)", other.unwrap_or("")),
             };
-            let _ = writeln!(s, "  {p}: {state} by event {}", or(self.get("event")));
+            match self.get("bucket") {
+                Some(b) => {
+                    let _ = writeln!(s, "  {p}: {state} at bucket {{{b}}} (decided per order)");
+                }
+                None => {
+                    let _ = writeln!(s, "  {p}: {state} by event {}", or(self.get("event")));
+                }
+            }
             let _ = writeln!(
                 s,
                 "    holds budget {} of {}, stock {} of {}",
@@ -376,7 +388,11 @@ fn split_key<'a>(prefix: &str, key: &'a str) -> Option<(&'a str, &'a str)> {
 async fn find(ledger: &Ledger, p: Option<&Id>, suffix: &str) -> Result<Vec<String>, LedgerError> {
     let prefix = ledger.keys().prefix();
     match p {
-        Some(p) => Ok(vec![format!("{prefix}:{{{p}}}:{suffix}")]),
+        // A bucketed promotion: the key at each of its buckets.
+        Some(p) => Ok(match ledger.learn_layout(p).await? {
+            Some(l) => l.keys.iter().map(|b| format!("{b}:{suffix}")).collect(),
+            None => vec![format!("{prefix}:{{{p}}}:{suffix}")],
+        }),
         None => {
             ledger
                 .scan(&format!("{prefix}:{{*}}:{suffix}"), KeyType::Any)
@@ -395,24 +411,98 @@ async fn read_record(ledger: &Ledger, key: &str) -> Result<Option<Record>, Ledge
     };
     // Either layout (docs/contract.md section 2); a value that is no record is
     // shown as it is stored.
-    let h = match ledger.record(key).await? {
+    // A bucket's record (docs/contract.md section 2b): `promo:{P~s}:order:{O}`.
+    let (p, bucket) = match p.split_once('~') {
+        Some((p, _)) => (p, Some(p.len())),
+        None => (p, None),
+    };
+    let stored = match bucket {
+        // (Not the plain layout's decoding: the bucket's own.)
+        Some(_) => match ledger.string(key).await? {
+            Some(v) => Stored::String(v),
+            None => Stored::Absent,
+        },
+        None => ledger.record(key).await?,
+    };
+    let h = match stored {
         Stored::Absent => return Ok(None),
+        Stored::String(v) if bucket.is_some() => bucket_record(&v),
         Stored::Hash(h) => h,
         Stored::String(v) => HashMap::from([("value".to_owned(), v)]),
         Stored::Other(t) => HashMap::from([("type".to_owned(), t)]),
     };
+    let mut h = h;
+    if bucket.is_some() {
+        let tag = key
+            .strip_prefix(prefix)
+            .and_then(|k| k.strip_prefix(":{"))
+            .and_then(|k| k.split_once('}'))
+            .map(|(t, _)| t.to_owned())
+            .unwrap_or_default();
+        h.insert("bucket".to_owned(), tag);
+    }
     let promo_key = format!("{prefix}:{{{p}}}");
     let promotion = if ledger.exists(&promo_key).await? {
         Some(ledger.hash_field(&promo_key, "gen").await?)
     } else {
         None
     };
+    // A bucket's record is of the directory's incarnation.
+    if let (Some(_), Some(Some(g))) = (bucket, &promotion) {
+        h.insert("gen".to_owned(), g.clone());
+    }
     Ok(Some(Record {
         promotion_id: p.to_owned(),
         order_id: order.to_owned(),
         fields: h.into_iter().collect(),
         promotion,
     }))
+}
+
+/// A bucket's record (lua/bucket.lua: `d|C|b|s|CR` deducted, `t|C|b|s|ob|os|CR`
+/// set aside, `v|C|b|s|CR|by` reverted by refund `by`, `x|by` a tombstone,
+/// `r|C|b|s|CR` released) as the fields `order show` prints.
+fn bucket_record(v: &str) -> HashMap<String, String> {
+    let f: Vec<&str> = v.split('|').collect();
+    let mut h = HashMap::new();
+    let mut put = |k: &str, v: &str| {
+        h.insert(k.to_owned(), v.to_owned());
+    };
+    let state = match f.first().copied() {
+        Some("d") => "deducted",
+        Some("t") => "set_aside",
+        Some("v") => "reverted",
+        Some("r") => "released",
+        Some("x") => "reverted",
+        _ => {
+            put("value", v);
+            return h;
+        }
+    };
+    put("state", state);
+    if f[0] == "x" {
+        for k in ["budget", "stock", "budget0", "stock0"] {
+            put(k, "0");
+        }
+        return h;
+    }
+    if let (Some(c), Some(b), Some(s)) = (f.get(1), f.get(2), f.get(3)) {
+        put("customer", c);
+        let held = matches!(state, "deducted" | "set_aside");
+        put("budget", if held { b } else { "0" });
+        put("stock", if held { s } else { "0" });
+        put("budget0", b);
+        put("stock0", s);
+    }
+    if f[0] == "v" {
+        if let Some(by) = f.get(5) {
+            put(
+                &format!("refund:{by}"),
+                &format!("applied {} {}", f[2], f[3]),
+            );
+        }
+    }
+    h
 }
 
 /// The records of order `o` (on `p`, or on every promotion).

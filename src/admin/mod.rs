@@ -10,6 +10,7 @@
 //! [`dlq`]: the dead-letter topic.
 
 pub mod audit;
+pub mod bucketed;
 pub mod check;
 pub mod dataset;
 pub mod dlq;
@@ -98,10 +99,13 @@ pub struct PromoView {
     /// The promotion's incarnation (`gen`), when stored: promotions written
     /// before it existed lack it.
     pub gen: Option<u64>,
+    /// A bucketed promotion's buckets (then `budget` / `stock` are their
+    /// free units and those in transit between them, summed).
+    pub buckets: Option<Vec<bucketed::BucketView>>,
 }
 
 impl PromoSpec {
-    fn validate(&self) -> Result<(), AdminError> {
+    pub(crate) fn validate(&self) -> Result<(), AdminError> {
         for (name, v) in [
             ("budget", self.budget),
             ("stock", self.stock),
@@ -131,7 +135,7 @@ impl PromoSpec {
     }
 
     /// The hash's field/value pairs.
-    fn fields(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn fields(&self) -> Vec<(&'static str, String)> {
         let mut f = vec![(
             "status",
             if self.paused { "paused" } else { "active" }.to_owned(),
@@ -228,10 +232,18 @@ pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, Ad
         Some("paused") => true,
         Some(other) => return Err(corrupt("status", other)),
     };
+    let buckets = bucketed::buckets_of(ledger, p, &h).await?;
+    let (budget, stock) = match &buckets {
+        Some(b) => (
+            Some(b.iter().map(|x| x.budget + x.held_budget).sum()),
+            Some(b.iter().map(|x| x.stock + x.held_stock).sum()),
+        ),
+        None => (num("budget")?, num("stock")?),
+    };
     Ok(Some(PromoView {
         promotion_id: p.clone(),
-        budget: num("budget")?,
-        stock: num("stock")?,
+        budget,
+        stock,
         per_customer: num("per_customer")?,
         paused,
         starts_at: num("starts_at")?.map(|v| v as i64),
@@ -239,6 +251,7 @@ pub async fn promo_show(ledger: &Ledger, p: &Id) -> Result<Option<PromoView>, Ad
         initial_budget: num("initial_budget")?,
         initial_stock: num("initial_stock")?,
         gen: num("gen")?,
+        buckets,
     }))
 }
 
@@ -268,6 +281,15 @@ impl PromoView {
             "starts_at": self.starts_at,
             "ends_at": self.ends_at,
             "gen": self.gen,
+            "buckets": self.buckets.as_ref().map(|b| b.iter().map(|x| serde_json::json!({
+                "key": x.key,
+                "budget": x.budget,
+                "stock": x.stock,
+                "in_transit_budget": x.held_budget,
+                "in_transit_stock": x.held_stock,
+                "set_aside_budget": x.set_budget,
+                "set_aside_stock": x.set_stock,
+            })).collect::<Vec<_>>()),
         })
     }
 }
@@ -292,7 +314,18 @@ impl fmt::Display for PromoView {
         }
         let from = self.starts_at.map(unix).unwrap_or_else(|| "always".into());
         let until = self.ends_at.map(unix).unwrap_or_else(|| "forever".into());
-        write!(f, "  window: from {from} until {until} (end exclusive)")
+        write!(f, "  window: from {from} until {until} (end exclusive)")?;
+        if let Some(b) = &self.buckets {
+            write!(
+                f,
+                "\n  buckets: {} (remaining = free + in transit)",
+                b.len()
+            )?;
+            for x in b {
+                write!(f, "\n    {x}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -355,6 +388,7 @@ mod tests {
             initial_budget: Some(100_000),
             initial_stock: None,
             gen: Some(3),
+            buckets: None,
         };
         let s = v.to_string();
         assert!(s.contains("flash-42: active"), "{s}");

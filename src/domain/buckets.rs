@@ -244,6 +244,9 @@ pub enum Placed {
     Refunded,
     /// Rejected `corrupt_promotion`: the line met a corrupt bucket.
     Corrupt,
+    /// Rejected `promotion_inactive`: paused, or the event's time outside
+    /// the promotion's window (the order's bucket's copy of them).
+    Inactive,
     /// The plain line was short (an event's decision).
     PlainShort,
     /// A line's answer only, never an event's decision: the line was
@@ -266,6 +269,8 @@ pub enum Outcome {
     Refund(Refund),
     /// A transfer finished.
     Moved,
+    /// A release finished: whether this delivery gave the deduction back.
+    Released(bool),
 }
 
 /// What one step of a delivery reports.
@@ -348,7 +353,14 @@ pub enum Op<I> {
     /// A placement line's first call at its order's bucket: an earlier
     /// decision, a tombstone, a deduction (tentative under a per-customer
     /// limit), a fast "short", or what a gather starts from.
-    Start { ev: I, cust: I, units: Units },
+    /// `at`: the event's business time (unix seconds), against the
+    /// promotion's window and status copied into every bucket.
+    Start {
+        ev: I,
+        cust: I,
+        units: Units,
+        at: u64,
+    },
     /// What another bucket holds for a gather.
     Peek { ev: I },
     /// A gather's rejection at home, if nothing changed while it looked.
@@ -524,6 +536,8 @@ pub struct Place<I> {
     pub ev: I,
     pub cust: I,
     pub units: Units,
+    /// The event's business time (see `Op::Start`).
+    pub at: u64,
     home: usize,
     k: usize,
     step: PStep,
@@ -555,6 +569,8 @@ pub struct Place<I> {
     /// Calls this step asks for (see `Step`).
     out: Vec<(usize, Op<I>)>,
     pub restarts: u32,
+    /// The first call found the line decided (by an earlier delivery).
+    found: bool,
     /// Refusals of this delivery's reservation at the customer's bucket
     /// (where `user_limit_reached` is decided; Undo applies it).
     pub refusals: u32,
@@ -571,6 +587,7 @@ impl<I: BucketId> Place<I> {
             ev,
             cust,
             units,
+            at: 0,
             k,
             step: PStep::Hop1,
             a: 0,
@@ -591,6 +608,7 @@ impl<I: BucketId> Place<I> {
             waiting: false,
             out: Vec::new(),
             restarts: 0,
+            found: false,
             refusals: 0,
         }
     }
@@ -739,8 +757,12 @@ impl<I: BucketId> Place<I> {
                         ev,
                         cust: self.cust.clone(),
                         units: self.units,
+                        at: self.at,
                     },
                 );
+                if self.restarts == 0 && matches!(r, Reply::Decided(..)) {
+                    self.found = true;
+                }
                 match r {
                     Reply::Wait => self.wait(),
                     Reply::Gather(g) => self.gather(g),
@@ -946,6 +968,12 @@ impl<I: BucketId> Place<I> {
     pub fn cleaning(&self) -> bool {
         self.cleanup
     }
+
+    /// Whether this delivery's first call found the line decided by an
+    /// earlier delivery (the outcome's `duplicate`).
+    pub fn found_decided(&self) -> bool {
+        self.found
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -965,6 +993,8 @@ pub struct RefundRun<I> {
     pub order: I,
     k: usize,
     step: RStep<I>,
+    /// The last look found a placement waiting for its reservation.
+    waiting: bool,
     out: Vec<(usize, Op<I>)>,
 }
 
@@ -975,6 +1005,7 @@ impl<I: BucketId> RefundRun<I> {
             order,
             k,
             step: RStep::Look,
+            waiting: false,
             out: Vec::new(),
         }
     }
@@ -989,6 +1020,7 @@ impl<I: BucketId> RefundRun<I> {
         let k = self.k;
         let h = self.order.bucket(k);
         let (ev, order) = (self.ev.clone(), self.order.clone());
+        self.waiting = false;
         match self.step.clone() {
             RStep::Look => match call!(self, replies, h, Op::RefundLook { ev, order }) {
                 Reply::Refund(r) => Report::Done(Outcome::Refund(r)),
@@ -1004,7 +1036,10 @@ impl<I: BucketId> RefundRun<I> {
                 }
                 // A placement still waiting for its reservation (a zombie
                 // delivery): look again once it has settled.
-                Reply::Wait => Report::Running,
+                Reply::Wait => {
+                    self.waiting = true;
+                    Report::Running
+                }
                 r => unexpected("RefundLook", r),
             },
             RStep::Notify(units) => {
@@ -1025,6 +1060,94 @@ impl<I: BucketId> RefundRun<I> {
                 let hc = customer.bucket(k);
                 let _ = call!(self, replies, hc, Op::Unreserve { order });
                 Report::Done(Outcome::Refund(Refund::Applied(units)))
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum LStep<I> {
+    Look,
+    Notify(Units),
+    Revert,
+    Unreserve(I),
+}
+
+/// One delivery's release of an event's bucketed line, when the event
+/// (a multi-line order) is rejected on another line: at the order's
+/// bucket, mark (units on their way), notify every other bucket, give the
+/// deduction back (the record becomes `released`); then free the
+/// customer's reservation at the customer's bucket. Idempotent by the
+/// event: a release that finds nothing of the event (or a deduction a
+/// refund reverted meanwhile) gives nothing back. Reports
+/// `Done(Outcome::Released(gave))`.
+#[derive(Clone, Debug)]
+pub struct ReleaseRun<I> {
+    pub ev: I,
+    k: usize,
+    step: LStep<I>,
+    gave: bool,
+    out: Vec<(usize, Op<I>)>,
+}
+
+impl<I: BucketId> ReleaseRun<I> {
+    pub fn new(ev: I, k: usize) -> Self {
+        ReleaseRun {
+            ev,
+            k,
+            step: LStep::Look,
+            gave: false,
+            out: Vec::new(),
+        }
+    }
+
+    /// One step (see `Place::step`).
+    pub fn step(&mut self, mut replies: Option<Vec<Reply<I>>>) -> Step<I> {
+        let report = self.step_inner(&mut replies);
+        asked_or(&mut self.out, report)
+    }
+
+    fn step_inner(&mut self, replies: &mut Option<Vec<Reply<I>>>) -> Report {
+        let k = self.k;
+        let ev = self.ev.clone();
+        let h = ev.bucket(k);
+        match self.step.clone() {
+            LStep::Look => match call!(self, replies, h, Op::ReleaseLook { ev }) {
+                // Units are about to come back here: marked first, as a
+                // refund does; the others hear it before they arrive.
+                Reply::Marked(units) => {
+                    self.step = LStep::Notify(units);
+                    Report::Running
+                }
+                // Given back before (a crashed delivery): free the slot.
+                Reply::Release(customer, _) => {
+                    self.step = LStep::Unreserve(customer);
+                    Report::Running
+                }
+                // Reverted by a refund meanwhile, or nothing of this event.
+                Reply::Nothing => Report::Done(Outcome::Released(false)),
+                r => unexpected("ReleaseLook", r),
+            },
+            LStep::Notify(units) => {
+                notify!(self, replies, k, h, units);
+                self.step = LStep::Revert;
+                Report::Running
+            }
+            LStep::Revert => match call!(self, replies, h, Op::ReleaseRevert { ev }) {
+                // What the event took must go back: wait for the repair.
+                Reply::Corrupt => Report::Running,
+                Reply::Release(customer, _) => {
+                    self.gave = true;
+                    self.step = LStep::Unreserve(customer);
+                    Report::Running
+                }
+                Reply::Nothing => Report::Done(Outcome::Released(false)),
+                r => unexpected("ReleaseRevert", r),
+            },
+            LStep::Unreserve(customer) => {
+                let hc = customer.bucket(k);
+                let _ = call!(self, replies, hc, Op::Unreserve { order: ev });
+                Report::Done(Outcome::Released(self.gave))
             }
         }
     }
@@ -1227,7 +1350,18 @@ macro_rules! walk {
         })*
     };
 }
-walk!(RefundRun, Transfer, Adjust);
+walk!(Transfer, Adjust, ReleaseRun);
+
+impl<I: BucketId> Walk<I> for RefundRun<I> {
+    fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
+        self.step(replies)
+    }
+
+    /// The order's placement waits for its reservation: look again later.
+    fn waiting(&self) -> bool {
+        self.waiting
+    }
+}
 
 impl<I: BucketId> Walk<I> for Place<I> {
     fn walk(&mut self, replies: Option<Vec<Reply<I>>>) -> Step<I> {
@@ -1321,7 +1455,8 @@ mod tests {
                 Op::Start {
                     ev: 7,
                     cust: 5,
-                    units: one
+                    units: one,
+                    at: 0
                 }
             )])
         );

@@ -4,8 +4,8 @@
 //! back (`drive`). The differential test (tests/it/ledger/buckets/scripts.rs)
 //! replays the model's calls through this same encoding.
 //!
-//! Not yet used by the pipeline: nothing creates a bucketed promotion yet
-//! (`promo set --buckets` is to come with the pipeline's walk).
+//! The service's lines of bucketed promotions ([`super::bucketed`]) run
+//! through [`drive`].
 
 use std::time::Duration;
 
@@ -86,9 +86,14 @@ fn credits(cs: &[Credit]) -> String {
 pub fn op_args<I: BucketArg>(op: &Op<I>) -> (&'static str, Vec<String>) {
     let u = |x: &Units| [n(x.budget), n(x.stock)];
     match op {
-        Op::Start { ev, cust, units } => {
+        Op::Start {
+            ev,
+            cust,
+            units,
+            at,
+        } => {
             let [b, s] = u(units);
-            ("Start", vec![ev.to_arg(), cust.to_arg(), b, s])
+            ("Start", vec![ev.to_arg(), cust.to_arg(), b, s, n(at)])
         }
         Op::Peek { ev } => ("Peek", vec![ev.to_arg()]),
         Op::Reject {
@@ -213,6 +218,7 @@ fn placed(reason: &str, u: Units) -> Result<Placed, String> {
         "user_limit_reached" => Placed::Limit,
         "order_reverted" => Placed::Refunded,
         "corrupt_promotion" => Placed::Corrupt,
+        "promotion_inactive" => Placed::Inactive,
         "released" => Placed::Released,
         other => return Err(format!("reason {other:?}")),
     })
@@ -427,5 +433,68 @@ pub async fn drive<I: BucketArg, W: Walk<I>>(
                 replies = Some(got);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each operation's ARGV as lua/bucket.lua's SIGNATURES reads it, and
+    /// replies parsed back, for the service's ids.
+    #[test]
+    fn ops_encode_as_the_script_reads_them() {
+        let o = Id::parse("o-1").unwrap();
+        let c = Id::parse("c-9").unwrap();
+        let (name, args) = op_args(&Op::Start {
+            ev: o.clone(),
+            cust: c.clone(),
+            units: Units::new(100, 1),
+            at: 1_800_000_000,
+        });
+        assert_eq!(name, "Start");
+        assert_eq!(args, ["o-1", "c-9", "100", "1", "1800000000"]);
+        let (name, args) = op_args(&Op::<Id>::Notify {
+            to: 2,
+            units: Units::new(3, 4),
+        });
+        assert_eq!(
+            (name, args),
+            ("Notify", vec!["2".into(), "3".into(), "4".into()])
+        );
+        let (name, args) = op_args(&Op::Cleanup {
+            ev: o.clone(),
+            credited: vec![Credit {
+                from: 1,
+                attempt: 2,
+                units: Units::new(5, 6),
+            }],
+        });
+        assert_eq!(
+            (name, args),
+            ("Cleanup", vec!["o-1".into(), "1:2:5:6".into()])
+        );
+        let reply = Value::Array(vec![
+            Value::from("decided"),
+            Value::from("promotion_inactive"),
+            Value::from("0"),
+            Value::from("0"),
+            Value::from(""),
+        ]);
+        assert_eq!(
+            parse_reply::<Id>(reply),
+            Ok(Reply::Decided(Placed::Inactive, vec![]))
+        );
+        let reply = Value::Array(vec![
+            Value::from("release"),
+            Value::from("c-9"),
+            Value::from("7"),
+            Value::from("1"),
+        ]);
+        assert_eq!(
+            parse_reply::<Id>(reply),
+            Ok(Reply::Release(c, Units::new(7, 1)))
+        );
+        assert!(parse_reply::<Id>(Value::Array(vec![Value::from("nonsense")])).is_err());
     }
 }

@@ -675,6 +675,8 @@ mod tests {
             "promo_limit",
             "promo_delete",
             "audit",
+            // (its builder, `ledger::buckets::op_args`, is tested there)
+            "bucket",
         ];
         let all: Vec<&str> = scripts::all().iter().map(|s| s.name).collect();
         assert_eq!(all.len(), tested.len());

@@ -242,6 +242,8 @@ impl Ledger {
                 rollback_batcher,
                 release_batcher,
                 wedge: Default::default(),
+                layouts: Default::default(),
+                bucket_ttl_secs: settings.record_ttl_secs,
                 keys: Keys::new(settings.key_prefix.clone()),
                 ttl: {
                     let ttl = Ttls::new(settings.record_ttl_secs, settings.refund_ttl_secs);

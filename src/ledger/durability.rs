@@ -81,6 +81,7 @@ impl Ledger {
         gate: Option<Gate>,
         promotions: impl IntoIterator<Item = &'a Id>,
     ) -> Result<(), LedgerError> {
+        let keys = self.written_keys(promotions);
         let Some(gate) = gate else {
             return Ok(());
         };
@@ -96,12 +97,10 @@ impl Ledger {
             ..Options::default()
         };
         let start = Instant::now();
-        let waits = wait_slots(client, self, promotions)
-            .into_iter()
-            .map(|slot| {
-                let client = client.with_options(&options(slot));
-                async move { client.wait::<i64>(wanted, timeout_ms).await }
-            });
+        let waits = wait_slots(client, keys).into_iter().map(|slot| {
+            let client = client.with_options(&options(slot));
+            async move { client.wait::<i64>(wanted, timeout_ms).await }
+        });
         let replies = futures::future::join_all(waits).await;
         crate::metrics::redis_wait(start.elapsed().as_secs_f64());
         let mut acked = i64::MAX;
@@ -133,22 +132,19 @@ impl Ledger {
     }
 }
 
-/// Where the `WAIT`s go: on a Cluster one slot per node the promotions'
-/// keys live on (`Some(slot)` routes the `WAIT` like a key of that slot);
+/// Where the `WAIT`s go: on a Cluster one slot per node `keys` (a key of
+/// each slot the event wrote: a plain promotion's hash, every bucket of a
+/// bucketed one) live on (`Some(slot)` routes the `WAIT` like a key of that slot);
 /// elsewhere one `WAIT` on the connection (`None`).
-fn wait_slots<'a>(
-    client: &fred::prelude::Client,
-    ledger: &Ledger,
-    promotions: impl IntoIterator<Item = &'a Id>,
-) -> Vec<Option<u16>> {
+fn wait_slots(client: &fred::prelude::Client, keys: Vec<String>) -> Vec<Option<u16>> {
     if !client.is_clustered() {
         return vec![None];
     }
     let routing = client.cached_cluster_state();
     let mut nodes = BTreeSet::new();
     let mut slots = Vec::new();
-    for p in promotions {
-        let slot = fred::util::redis_keyslot(ledger.keys().promotion(p).as_bytes());
+    for key in keys {
+        let slot = fred::util::redis_keyslot(key.as_bytes());
         // Unknown routing (being refreshed): one WAIT per slot is still right.
         let node = routing
             .as_ref()

@@ -42,6 +42,9 @@ pub enum ErrorClass {
     /// the event waits (is retried) until the data is repaired, since giving
     /// up would leave a rejected event holding its deduction.
     ReleaseBlocked,
+    /// A plain script met a bucketed promotion's directory (`BUCKETED`):
+    /// nothing was written; the line is walked on the buckets instead.
+    Bucketed,
     /// A reply of the wrong shape.
     Reply,
     /// Anything else (e.g. an `ERR` from a script runtime error).
@@ -62,6 +65,7 @@ impl ErrorClass {
             ErrorClass::BadArg => "bad_argument",
             ErrorClass::Corrupt => "corrupt",
             ErrorClass::ReleaseBlocked => "release_blocked",
+            ErrorClass::Bucketed => "bucketed",
             ErrorClass::Reply => "reply",
             ErrorClass::Other => "other",
         }
@@ -78,7 +82,8 @@ impl ErrorClass {
             | ErrorClass::Cluster
             | ErrorClass::Replicas
             | ErrorClass::NoScript
-            | ErrorClass::ReleaseBlocked => Disposition::Retry,
+            | ErrorClass::ReleaseBlocked
+            | ErrorClass::Bucketed => Disposition::Retry,
             ErrorClass::Corrupt => Disposition::Reject,
             ErrorClass::Auth
             | ErrorClass::Config
@@ -147,6 +152,7 @@ const FRED_CLUSTER_STATE_NOT_OK: &str = "Invalid or missing cluster state.";
 pub fn classify(e: &RedisError) -> ErrorClass {
     match error_code(e.details()) {
         "CORRUPT" => return ErrorClass::Corrupt,
+        "BUCKETED" => return ErrorClass::Bucketed,
         "BADARG" | "CROSSSLOT" => return ErrorClass::BadArg,
         "NOSCRIPT" => return ErrorClass::NoScript,
         "BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "MISCONF" | "OOM"

@@ -11,6 +11,7 @@
 //! awaited one after another.
 
 mod batch;
+pub mod bucketed;
 pub mod buckets;
 pub mod calls;
 pub mod connect;
@@ -66,6 +67,11 @@ struct Shared {
     release_batcher: Option<batch::Batcher>,
     /// The calls' timeouts, for the wedge watchdog ([`wedge`]).
     wedge: Arc<wedge::Wedge>,
+    /// The bucketed promotions met so far, with their layouts ([`bucketed`]).
+    layouts: std::sync::Mutex<std::collections::HashMap<Id, Arc<bucketed::Layout>>>,
+    /// The TTL of every key a bucket walk writes but the bucket hashes
+    /// (`redis.record_ttl_secs`).
+    bucket_ttl_secs: u64,
 }
 
 impl std::fmt::Debug for Ledger {

@@ -25,7 +25,20 @@ impl Ledger {
     /// the event's writes ([`durability`]).
     pub async fn place(&self, e: &OrderPlaced) -> Result<PlaceDecision, LedgerError> {
         let gate = self.gate(&e.header.order_id);
-        let decision = self.decide_place(e).await?;
+        let mut tries = 0;
+        let decision = loop {
+            match self.decide_place(e).await {
+                // A line's promotion is bucketed: its layout is learnt, and
+                // the event decided again (nothing was written for that
+                // line; the lines before it answer as before).
+                Err(err) if err.class() == super::ErrorClass::Bucketed && tries < 3 => {
+                    tries += 1;
+                    self.learn_layouts(e.lines.iter().map(line_promotion))
+                        .await?;
+                }
+                other => break other?,
+            }
+        };
         self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
             .await?;
         Ok(decision)
@@ -133,17 +146,24 @@ impl Ledger {
     ) -> Result<Option<(&'a Id, Reason, bool)>, LedgerError> {
         let lookups = lines.iter().map(|line| {
             let p = &line.promotion_id;
+            let layout = self.layout(p);
             let call = calls::memo(self.keys(), h, p);
             let batcher = self.shared.memo_batcher.as_ref();
-            async move { (p, self.batched(batcher, call, &h.order_id, p).await) }
+            async move {
+                let memo = match layout {
+                    Some(l) => self.bucket_memo(h, &l).await,
+                    None => self
+                        .batched(batcher, call, &h.order_id, p)
+                        .await
+                        .and_then(reply::decode_memo),
+                };
+                (p, memo)
+            }
         });
         for (p, result) in futures::future::join_all(lookups).await {
             match result {
-                Ok(reply) => {
-                    if let Some(reason) = reply::decode_memo(reply)? {
-                        return Ok(Some((p, reason, true)));
-                    }
-                }
+                Ok(Some(reason)) => return Ok(Some((p, reason, true))),
+                Ok(None) => {}
                 Err(err) if err.is_corrupt() => {
                     self.report_corrupt(h, p, &err);
                     return Ok(Some((p, Reason::CorruptPromotion, false)));
@@ -167,7 +187,18 @@ impl Ledger {
     /// the event's writes ([`durability`]).
     pub async fn refund(&self, e: &OrderRefunded) -> Result<RefundDecision, LedgerError> {
         let gate = self.gate(&e.header.order_id);
-        let decision = self.decide_refund(e).await?;
+        let mut tries = 0;
+        let decision = loop {
+            match self.decide_refund(e).await {
+                // As in `place`: rollback.lua wrote nothing on that line.
+                Err(err) if err.class() == super::ErrorClass::Bucketed && tries < 3 => {
+                    tries += 1;
+                    self.learn_layouts(e.lines.iter().map(line_promotion))
+                        .await?;
+                }
+                other => break other?,
+            }
+        };
         self.durable(gate, e.lines.iter().map(|l| &l.promotion_id))
             .await?;
         Ok(decision)
@@ -200,6 +231,9 @@ impl Ledger {
 
     async fn rollback(&self, h: &Header, line: &RefundLine) -> Result<LineReply, LedgerError> {
         let p = &line.promotion_id;
+        if let Some(layout) = self.layout(p) {
+            return self.bucket_refund(h, p, &layout).await;
+        }
         let mut customer = h.customer_id.clone();
         // At most one switch is expected; a record that changes hands again
         // meanwhile (a racing delivery) gets one more try.
@@ -268,6 +302,9 @@ impl Ledger {
     }
 
     async fn deduct(&self, h: &Header, line: &PlaceLine) -> Result<LineReply, LedgerError> {
+        if let Some(layout) = self.layout(&line.promotion_id) {
+            return self.bucket_deduct(h, line, &layout).await;
+        }
         let call = calls::deduct(self.keys(), &self.shared.ttl, h, line, calls::today());
         let batcher = self.shared.batcher.as_ref();
         let reply = self
@@ -397,6 +434,9 @@ impl Ledger {
     /// with that customer's counter, so the slot goes back to whom it
     /// counted for (before, it was never given back).
     async fn release_one(&self, h: &Header, line: &PlaceLine) -> Result<bool, LedgerError> {
+        if let Some(layout) = self.layout(&line.promotion_id) {
+            return self.bucket_release(h, &layout).await;
+        }
         let mut customer = h.customer_id.clone();
         // One switch is expected; a record changing hands again meanwhile
         // (a racing delivery) gets one more try.
@@ -415,6 +455,26 @@ impl Ledger {
             scripts::RELEASE.name,
             "the record's customer kept changing",
         ))
+    }
+}
+
+fn line_promotion<L: HasPromotion>(l: &L) -> &Id {
+    l.promotion()
+}
+
+trait HasPromotion {
+    fn promotion(&self) -> &Id;
+}
+
+impl HasPromotion for PlaceLine {
+    fn promotion(&self) -> &Id {
+        &self.promotion_id
+    }
+}
+
+impl HasPromotion for RefundLine {
+    fn promotion(&self) -> &Id {
+        &self.promotion_id
     }
 }
 

@@ -216,7 +216,7 @@ pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 14] {
+pub fn all() -> [&'static Script; 15] {
     [
         &DEDUCT,
         &DEDUCT_BATCH,
@@ -232,6 +232,7 @@ pub fn all() -> [&'static Script; 14] {
         &PROMO_LIMIT,
         &PROMO_DELETE,
         &AUDIT,
+        &BUCKET,
     ]
 }
 

@@ -176,6 +176,14 @@ pub async fn run_with_ledger(
         ));
         stop.drop_guard()
     };
+    // The bucket sweeper: gifts a crashed delivery left in a bucketed
+    // promotion's buckets (docs/buckets.md, "The sweeper").
+    let _sweeper = {
+        let stop = shutdown.child_token();
+        let (ledger, token) = (ledger.clone(), stop.clone());
+        tokio::spawn(async move { ledger.sweep_forever(token).await });
+        stop.drop_guard()
+    };
     let publisher = Publisher::new(&settings.kafka).context("creating the Kafka producer")?;
     let offsets = Offsets::new();
     // Every commit names the ledger marker of the dataset its events were

@@ -39,6 +39,7 @@ mod ops {
 }
 
 mod service {
+    mod bucketed;
     mod consumer_e2e;
     mod consumer_faults;
     mod corrupt_release;

@@ -578,7 +578,9 @@ impl Ledger {
         let k = self.k();
         let mutant = self.mutant;
         match op.clone() {
-            Op::Start { ev, cust, units } => {
+            Op::Start {
+                ev, cust, units, ..
+            } => {
                 if let Some(r) = self.home_checks(j, ev) {
                     return r;
                 }

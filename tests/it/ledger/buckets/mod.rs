@@ -28,6 +28,7 @@ mod bucket;
 mod driver;
 mod protocol;
 mod scripts;
+mod service;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};

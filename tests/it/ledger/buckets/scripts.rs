@@ -364,8 +364,9 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
                     ev: 1,
                     cust: 1,
                     units: u,
+                    at: 0,
                 },
-                &["id", "id", "n", "n"],
+                &["id", "id", "n", "n", "n"],
             ),
             (Op::Peek { ev: 1 }, &["id"]),
             (
@@ -532,6 +533,7 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
                     ev: 1,
                     cust: 1,
                     units: u,
+                    at: 0,
                 },
             ),
             (

@@ -1,0 +1,384 @@
+//! Bucketed promotions for the operator (issue 28, docs/contract.md
+//! section 2b): `promo set --buckets K` creates one, `promo show` sums its
+//! buckets, `pause` / `resume` / `limit` write the directory and every
+//! bucket. `adjust`, `delete` and a conversion from or to a plain
+//! promotion are refused with a message (not supported yet).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use super::{AdminError, PromoSetResult, PromoSpec};
+use crate::domain::buckets::Units;
+use crate::domain::event::Id;
+use crate::ledger::bucketed::Layout;
+use crate::ledger::calls::SetMode;
+use crate::ledger::reply::SetReply;
+use crate::ledger::Ledger;
+
+/// The most buckets one promotion may have.
+pub const MAX_BUCKETS: usize = 256;
+
+/// One bucket as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BucketView {
+    pub key: String,
+    /// Free units.
+    pub budget: u64,
+    pub stock: u64,
+    /// Given to another bucket's line, not settled or returned yet.
+    pub held_budget: u64,
+    pub held_stock: u64,
+    /// Set aside for a line waiting for its customer's reservation.
+    pub set_budget: u64,
+    pub set_stock: u64,
+}
+
+impl fmt::Display for BucketView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: budget {} stock {} free; in transit budget {} stock {}; set aside budget {} stock {}",
+            self.key,
+            self.budget,
+            self.stock,
+            self.held_budget,
+            self.held_stock,
+            self.set_budget,
+            self.set_stock
+        )
+    }
+}
+
+/// Refuses a change `what` of promotion `p` when it is bucketed (not
+/// supported there yet).
+pub async fn refuse_if_bucketed(ledger: &Ledger, p: &Id, what: &str) -> Result<(), AdminError> {
+    if ledger.learn_layout(p).await?.is_some() {
+        return Err(AdminError::Refused(format!(
+            "promotion {p} is bucketed: {what} is not supported for a bucketed promotion yet; \
+             nothing changed (docs/operations.md, \"Bucketed promotions\")"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates promotion `p` split into `k` buckets: each bucket's hash (its
+/// share of budget and stock, a copy of the status, window and limit),
+/// then the directory `promo:{P}` that makes it live (one script: refused
+/// when `p` exists). Both amounts must be given: the protocol counts both.
+pub async fn create(
+    ledger: &Ledger,
+    p: &Id,
+    spec: PromoSpec,
+    k: usize,
+) -> Result<PromoSetResult, AdminError> {
+    spec.validate()?;
+    if !(1..=MAX_BUCKETS).contains(&k) {
+        return Err(AdminError::Invalid(format!(
+            "--buckets must be from 1 to {MAX_BUCKETS}"
+        )));
+    }
+    let (Some(budget), Some(stock)) = (spec.budget, spec.stock) else {
+        return Err(AdminError::Invalid(
+            "a bucketed promotion needs both --budget and --stock (its buckets count both)"
+                .to_owned(),
+        ));
+    };
+    let key = ledger.keys().promotion(p);
+    let existing = ledger.hash(&key).await?;
+    if existing.contains_key("buckets") {
+        return Err(AdminError::Exists(p.clone()));
+    }
+    if !existing.is_empty() {
+        return Err(AdminError::Refused(format!(
+            "promotion {p} exists and is not bucketed: converting a live promotion to buckets \
+             is not supported; create the sale under a new promotion id with --buckets \
+             (docs/operations.md, \"Bucketed promotions\"); nothing changed"
+        )));
+    }
+    let suffixes = ledger.choose_bucket_suffixes(p, k);
+    let total = Units::new(budget as i64, stock as i64);
+    let mut copy: Vec<(String, String)> = spec
+        .fields()
+        .into_iter()
+        .filter(|(f, _)| matches!(*f, "status" | "per_customer" | "starts_at" | "ends_at"))
+        .map(|(f, v)| (f.to_owned(), v))
+        .collect();
+    copy.push(("buckets".to_owned(), k.to_string()));
+    for (j, s) in suffixes.iter().enumerate() {
+        let share = total.share(k, j);
+        let mut fields = copy.clone();
+        fields.push(("index".to_owned(), j.to_string()));
+        fields.push(("budget".to_owned(), share.budget.to_string()));
+        fields.push(("stock".to_owned(), share.stock.to_string()));
+        ledger
+            .replace_hash(&ledger.keys().bucket(p, *s), fields)
+            .await?;
+    }
+    let list = suffixes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut fields: Vec<(&str, String)> = spec
+        .fields()
+        .into_iter()
+        .map(|(f, v)| match f {
+            // The directory holds none: the buckets do. (0 keeps a release
+            // that knows no buckets from deducting here: it rejects.)
+            "budget" | "stock" => (f, "0".to_owned()),
+            _ => (f, v),
+        })
+        .collect();
+    fields.push(("buckets", k.to_string()));
+    fields.push(("suffixes", list));
+    let reply = ledger.promo_set(p, SetMode::Create, fields).await?;
+    ledger.ensure_ledger_marker().await?;
+    match reply {
+        SetReply::Created => Ok(PromoSetResult::Created),
+        SetReply::Exists => Err(AdminError::Exists(p.clone())),
+        other => Err(AdminError::Refused(format!(
+            "promotion {p}: unexpected answer {other:?} creating it; check it with promo show"
+        ))),
+    }
+}
+
+/// Writes `fields` (and removes `gone`) on the directory and on every
+/// bucket of `layout`, the directory first.
+async fn write_everywhere(
+    ledger: &Ledger,
+    p: &Id,
+    layout: &Layout,
+    fields: Vec<(String, String)>,
+    gone: Vec<String>,
+) -> Result<(), AdminError> {
+    let key = ledger.keys().promotion(p);
+    ledger
+        .write_fields(&key, fields.clone(), gone.clone())
+        .await?;
+    for b in &layout.keys {
+        ledger.write_fields(b, fields.clone(), gone.clone()).await?;
+    }
+    Ok(())
+}
+
+/// `promo pause | resume` of a bucketed promotion: `status` on the
+/// directory and every bucket (a line's first call reads its bucket's).
+/// `None` when `p` is not bucketed.
+pub async fn set_paused(ledger: &Ledger, p: &Id, paused: bool) -> Result<Option<bool>, AdminError> {
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    let before = ledger.hash(&ledger.keys().promotion(p)).await?;
+    let want = if paused { "paused" } else { "active" };
+    let changed = before.get("status").map(String::as_str).unwrap_or("active") != want;
+    // Written even when the directory already says so: a bucket may not
+    // (an earlier run stopped half way).
+    write_everywhere(
+        ledger,
+        p,
+        &layout,
+        vec![("status".to_owned(), want.to_owned())],
+        vec![],
+    )
+    .await?;
+    Ok(Some(changed))
+}
+
+/// `promo limit` of a bucketed promotion: `per_customer` on the directory
+/// and every bucket (the customer's bucket reads its copy at each
+/// reservation). `None` when `p` is not bucketed; else whether it changed
+/// and the limit before.
+pub async fn limit(
+    ledger: &Ledger,
+    p: &Id,
+    per_customer: Option<u64>,
+) -> Result<Option<(bool, Option<u64>)>, AdminError> {
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    let before = ledger.hash(&ledger.keys().promotion(p)).await?;
+    let previous = before.get("per_customer").and_then(|v| v.parse().ok());
+    let (set, gone) = match per_customer {
+        Some(n) => (vec![("per_customer".to_owned(), n.to_string())], vec![]),
+        None => (vec![], vec!["per_customer".to_owned()]),
+    };
+    write_everywhere(ledger, p, &layout, set, gone).await?;
+    Ok(Some((previous != per_customer, previous)))
+}
+
+/// The buckets of `p` when its hash `h` is a directory.
+pub async fn buckets_of(
+    ledger: &Ledger,
+    p: &Id,
+    h: &HashMap<String, String>,
+) -> Result<Option<Vec<BucketView>>, AdminError> {
+    if !h.contains_key("buckets") {
+        return Ok(None);
+    }
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    let mut out = Vec::with_capacity(layout.k);
+    for key in &layout.keys {
+        let b = ledger.hash(key).await?;
+        let num = |f: &str| -> Result<u64, AdminError> {
+            match b.get(f) {
+                None => Ok(0),
+                Some(v) => crate::domain::stored::canonical(v).ok_or_else(|| AdminError::Corrupt {
+                    promotion: p.clone(),
+                    field: format!("{key} {f}"),
+                    value: v.clone(),
+                }),
+            }
+        };
+        out.push(BucketView {
+            key: key.clone(),
+            budget: num("budget")?,
+            stock: num("stock")?,
+            held_budget: num("held_budget")?,
+            held_stock: num("held_stock")?,
+            set_budget: num("set_budget")?,
+            set_stock: num("set_stock")?,
+        });
+    }
+    Ok(Some(out))
+}
+
+/// What `audit` finds for a bucketed promotion.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BucketAudit {
+    pub buckets: usize,
+    pub initial: Option<Units>,
+    pub free: Units,
+    /// Given between buckets and not settled, or set aside for a
+    /// reservation: in transit.
+    pub in_transit: Units,
+    /// What the orders' deductions hold (records `d`, and `t` set aside).
+    pub deducted: Units,
+    pub orders_held: usize,
+    pub max_per_customer: usize,
+    pub per_customer: Option<u64>,
+    pub breaches: Vec<String>,
+    /// Differences seen while units were in transit (events flowing): not
+    /// a breach, not clean either.
+    pub unsettled: Vec<String>,
+}
+
+/// One read of every bucket and record of `p`.
+async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAudit, AdminError> {
+    let dir = ledger.hash(&ledger.keys().promotion(p)).await?;
+    let num = |h: &HashMap<String, String>, key: &str, f: &str| -> Result<i64, String> {
+        match h.get(f) {
+            None => Ok(0),
+            Some(v) => crate::domain::stored::canonical(v)
+                .map(|x| x as i64)
+                .ok_or_else(|| format!("{key} {f} = {v:?} is corrupt")),
+        }
+    };
+    let mut a = BucketAudit {
+        buckets: layout.k,
+        per_customer: dir.get("per_customer").and_then(|v| v.parse().ok()),
+        ..BucketAudit::default()
+    };
+    let dkey = ledger.keys().promotion(p);
+    match (
+        num(&dir, &dkey, "initial_budget"),
+        num(&dir, &dkey, "initial_stock"),
+    ) {
+        (Ok(b), Ok(s)) => a.initial = Some(Units::new(b, s)),
+        (Err(e), _) | (_, Err(e)) => a.breaches.push(e),
+    }
+    let mut holders: BTreeMap<String, usize> = BTreeMap::new();
+    for key in &layout.keys {
+        let h = ledger.hash(key).await?;
+        let mut get = |f: &str| match num(&h, key, f) {
+            Ok(v) => v,
+            Err(e) => {
+                a.breaches.push(e);
+                0
+            }
+        };
+        a.free += Units::new(get("budget"), get("stock"));
+        a.in_transit += Units::new(get("held_budget"), get("held_stock"));
+        a.in_transit += Units::new(get("set_budget"), get("set_stock"));
+        let pattern = format!("{key}:order:*");
+        for rkey in ledger
+            .scan(&pattern, crate::ledger::store::KeyType::Any)
+            .await?
+        {
+            let Some(v) = ledger.string(&rkey).await? else {
+                continue;
+            };
+            let f: Vec<&str> = v.split('|').collect();
+            match f.first().copied() {
+                Some("d" | "t") if f.len() >= 4 => {
+                    match (f[2].parse::<i64>(), f[3].parse::<i64>()) {
+                        (Ok(b), Ok(s)) => {
+                            a.deducted += Units::new(b, s);
+                            a.orders_held += 1;
+                            *holders.entry(f[1].to_owned()).or_default() += 1;
+                        }
+                        _ => a.breaches.push(format!("{rkey} = {v:?} is corrupt")),
+                    }
+                }
+                Some("v" | "x" | "r") => {}
+                _ => a.breaches.push(format!("{rkey} = {v:?} is corrupt")),
+            }
+        }
+    }
+    a.max_per_customer = holders.values().copied().max().unwrap_or(0);
+    if let Some(limit) = a.per_customer {
+        for (c, n) in &holders {
+            if *n as u64 > limit {
+                a.breaches.push(format!(
+                    "customer {c} holds {n} orders, over the limit of {limit}"
+                ));
+            }
+        }
+    }
+    if let Some(initial) = a.initial {
+        let total = a.free + a.in_transit + a.deducted;
+        if total != initial {
+            let d = format!(
+                "free {:?} + in transit {:?} + deducted {:?} = {:?}, not the initial {:?}",
+                a.free, a.in_transit, a.deducted, total, initial
+            );
+            // Gifts a deduction consumed are in transit until they are
+            // settled: counted twice meanwhile. Only at rest is it exact.
+            if a.in_transit.any_pos() {
+                a.unsettled.push(d);
+            } else {
+                a.breaches.push(d);
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// `audit` of a bucketed promotion: every bucket's counters, every
+/// order's record, and the rule that the free units, those in transit and
+/// those deducted add up to the initial amounts; no customer over the
+/// limit. The buckets are read one after another, not at one instant: a
+/// difference counts as a breach only when three reads in a row show it
+/// with nothing in transit; else it is reported unsettled.
+pub async fn audit(ledger: &Ledger, p: &Id) -> Result<Option<BucketAudit>, AdminError> {
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    let mut last = audit_read(ledger, p, &layout).await?;
+    for _ in 0..2 {
+        if last.breaches.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let again = audit_read(ledger, p, &layout).await?;
+        if again.breaches.is_empty() {
+            let mut settled = again;
+            settled.unsettled.append(&mut last.breaches);
+            last = settled;
+            break;
+        }
+        last = again;
+    }
+    Ok(Some(last))
+}
