@@ -152,6 +152,15 @@ pub enum PromoCommand {
         /// Promotion id.
         promotion: String,
     },
+    /// Even out a bucketed promotion's buckets.
+    ///
+    /// Finishes what a crashed delivery or change left, then moves free
+    /// units between the buckets so that each holds its share. Safe while
+    /// the service runs (docs/operations.md, "Bucketed promotions").
+    Rebalance {
+        /// Promotion id.
+        promotion: String,
+    },
     /// Add to or take from a live promotion's budget and/or stock.
     ///
     /// The remaining and the initial amount move together (audit keeps

@@ -200,6 +200,23 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 }
             }
         }
+        PromoCommand::Rebalance { promotion } => {
+            let p = promotion_id(&promotion)?;
+            let ledger = connect(settings).await?;
+            let moves = crate::admin::bucketed::rebalance(&ledger, &p).await?;
+            if moves.is_empty() {
+                println!("promotion {p}: its buckets are even; nothing moved");
+            }
+            for m in &moves {
+                println!(
+                    "promotion {p}: moved up to budget {} stock {} from bucket {} to bucket {}",
+                    m.n.budget, m.n.stock, m.from, m.to
+                );
+            }
+            if let Some(view) = admin::promo_show(&ledger, &p).await? {
+                println!("{view}");
+            }
+        }
         PromoCommand::Pause { promotion } => set_paused(settings, &promotion, true).await?,
         PromoCommand::Resume { promotion } => set_paused(settings, &promotion, false).await?,
         PromoCommand::Adjust(a) => {
@@ -209,7 +226,19 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
                 budget: a.budget,
                 stock: a.stock,
             };
-            crate::admin::bucketed::refuse_if_bucketed(&ledger, &p, "promo adjust").await?;
+            if let Some(done) =
+                crate::admin::bucketed::adjust(&ledger, &p, a.budget, a.stock).await?
+            {
+                println!(
+                    "promotion {p} adjusted (bucketed): budget {:+}, stock {:+} (taking away \
+                     takes only what the buckets hold free)",
+                    done.budget, done.stock
+                );
+                if let Some(view) = admin::promo_show(&ledger, &p).await? {
+                    println!("{view}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let now = promos::adjust(&ledger, &p, adj).await?;
             println!("promotion {p} adjusted: {now}");
         }

@@ -1,8 +1,10 @@
 //! Bucketed promotions for the operator (issue 28, docs/contract.md
 //! section 2b): `promo set --buckets K` creates one, `promo show` sums its
 //! buckets, `pause` / `resume` / `limit` write the directory and every
-//! bucket. `adjust`, `delete` and a conversion from or to a plain
-//! promotion are refused with a message (not supported yet).
+//! bucket, `adjust` spreads a change over the buckets and `rebalance`
+//! evens them out (each a change listed in the directory and walked to its
+//! end). `delete` and a conversion from or to a plain promotion are
+//! refused with a message (not supported yet).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -10,7 +12,7 @@ use std::fmt;
 use super::{AdminError, PromoSetResult, PromoSpec};
 use crate::domain::buckets::Units;
 use crate::domain::event::Id;
-use crate::ledger::bucketed::Layout;
+use crate::ledger::bucketed::{BucketOp, Layout};
 use crate::ledger::calls::SetMode;
 use crate::ledger::reply::SetReply;
 use crate::ledger::Ledger;
@@ -288,6 +290,14 @@ async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAu
         (Ok(b), Ok(s)) => a.initial = Some(Units::new(b, s)),
         (Err(e), _) | (_, Err(e)) => a.breaches.push(e),
     }
+    let changing = dir.keys().any(|f| f.starts_with("op:"));
+    if changing {
+        a.unsettled.push(
+            "an operator change is in progress (or stopped half way: promo adjust or \
+             rebalance finishes it, as does the service's sweeper)"
+                .to_owned(),
+        );
+    }
     let mut holders: BTreeMap<String, usize> = BTreeMap::new();
     for key in &layout.keys {
         let h = ledger.hash(key).await?;
@@ -344,8 +354,9 @@ async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAu
                 a.free, a.in_transit, a.deducted, total, initial
             );
             // Gifts a deduction consumed are in transit until they are
-            // settled: counted twice meanwhile. Only at rest is it exact.
-            if a.in_transit.any_pos() {
+            // settled: counted twice meanwhile; a change half done has not
+            // moved the initial amounts yet. Only at rest is it exact.
+            if a.in_transit.any_pos() || changing {
                 a.unsettled.push(d);
             } else {
                 a.breaches.push(d);
@@ -381,4 +392,180 @@ pub async fn audit(ledger: &Ledger, p: &Id) -> Result<Option<BucketAudit>, Admin
         last = again;
     }
     Ok(Some(last))
+}
+
+/// A fresh id for an operator's change (`prefix-<ms>-<ns>`).
+fn change_id(prefix: &str) -> Result<Id, AdminError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Id::parse(&format!(
+        "{prefix}-{}-{}",
+        now.as_millis(),
+        now.subsec_nanos()
+    ))
+    .map_err(|e| AdminError::Invalid(format!("change id: {e}")))
+}
+
+/// The bucketed promotion's layout, after finishing any change a previous
+/// run left half way; `None` when `p` is not bucketed.
+async fn ready(ledger: &Ledger, p: &Id) -> Result<Option<std::sync::Arc<Layout>>, AdminError> {
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    let n = ledger.finish_pending_bucket_ops(p, &layout).await?;
+    if n > 0 {
+        println!("promotion {p}: finished {n} change(s) a previous run left half way");
+    }
+    Ok(Some(layout))
+}
+
+/// `promo adjust` of a bucketed promotion: what is added is split over
+/// the buckets as `promo set --buckets` splits an amount (each bucket
+/// marked and the others notified before its share arrives); what is
+/// taken away is at most each bucket's share of what it holds free (units
+/// set aside, in transit or deducted are not taken back). The initial
+/// amounts move by what was actually added or taken. `None` when `p` is
+/// not bucketed; else the signed change made.
+pub async fn adjust(
+    ledger: &Ledger,
+    p: &Id,
+    budget: Option<i64>,
+    stock: Option<i64>,
+) -> Result<Option<Units>, AdminError> {
+    if ledger.learn_layout(p).await?.is_none() {
+        return Ok(None);
+    }
+    if budget.is_none() && stock.is_none() {
+        return Err(AdminError::Invalid(
+            "give --budget and/or --stock (+N or -N)".to_owned(),
+        ));
+    }
+    let dir = ledger.hash(&ledger.keys().promotion(p)).await?;
+    for (name, d) in [("budget", budget), ("stock", stock)] {
+        let initial: u64 = dir
+            .get(&format!("initial_{name}"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if d.is_some_and(|d| d > 0 && initial.saturating_add(d as u64) > super::MAX_PROMO_AMOUNT)
+            || d.is_some_and(|d| d.unsigned_abs() > super::MAX_PROMO_AMOUNT)
+        {
+            return Err(AdminError::Refused(format!(
+                "{name} {:+} would take promotion {p}'s {name} above {}; nothing changed",
+                d.unwrap_or(0),
+                super::MAX_PROMO_AMOUNT
+            )));
+        }
+    }
+    let Some(layout) = ready(ledger, p).await? else {
+        return Ok(None);
+    };
+    let (b, s) = (budget.unwrap_or(0), stock.unwrap_or(0));
+    let add = Units::new(b.max(0), s.max(0));
+    let remove = Units::new((-b).max(0), (-s).max(0));
+    let mut done = Units::ZERO;
+    for (op, prefix) in [
+        (BucketOp::Add(add), "adj"),
+        (BucketOp::Remove(remove), "adj"),
+    ] {
+        let n = match op {
+            BucketOp::Add(n) | BucketOp::Remove(n) => n,
+            BucketOp::Move { n, .. } => n,
+        };
+        if !n.any_pos() {
+            continue;
+        }
+        let id = change_id(prefix)?;
+        ledger.begin_bucket_op(p, &id, op).await?;
+        done += ledger.finish_bucket_op(p, &layout, &id, op).await?;
+    }
+    Ok(Some(done))
+}
+
+/// One move of `promo rebalance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub from: usize,
+    pub to: usize,
+    pub n: Units,
+}
+
+/// The moves that even out `free` (each bucket's free units) to the
+/// split `promo set --buckets` would make of their sum: from the buckets
+/// above their share to those below, largest first, in both dimensions.
+pub fn plan(free: &[Units]) -> Vec<Move> {
+    let k = free.len();
+    let total: Units = free.iter().copied().sum();
+    let mut diff: Vec<Units> = (0..k).map(|j| free[j] - total.share(k, j)).collect();
+    let mut moves = Vec::new();
+    for from in 0..k {
+        for to in 0..k {
+            if from == to {
+                continue;
+            }
+            let n = diff[from].pos().min((Units::ZERO - diff[to]).pos());
+            if n.any_pos() {
+                moves.push(Move { from, to, n });
+                diff[from] -= n;
+                diff[to] += n;
+            }
+        }
+    }
+    moves
+}
+
+/// `promo rebalance`: sweeps the buckets (gifts a crashed delivery left),
+/// then moves free units so that each bucket holds its share of them,
+/// each move a transfer (mark the receiver, notify the others, take once,
+/// credit once, settle). Safe while events flow: a move takes at most
+/// what its source holds free when it gets there. Returns the moves made.
+pub async fn rebalance(ledger: &Ledger, p: &Id) -> Result<Vec<Move>, AdminError> {
+    let Some(layout) = ready(ledger, p).await? else {
+        return Err(AdminError::Refused(format!(
+            "promotion {p} is not bucketed: there is nothing to rebalance"
+        )));
+    };
+    ledger.sweep(&layout).await?;
+    let dir = ledger.hash(&ledger.keys().promotion(p)).await?;
+    let Some(views) = buckets_of(ledger, p, &dir).await? else {
+        return Err(AdminError::NotFound(p.clone()));
+    };
+    let free: Vec<Units> = views
+        .iter()
+        .map(|v| Units::new(v.budget as i64, v.stock as i64))
+        .collect();
+    let moves = plan(&free);
+    for m in &moves {
+        let id = change_id("move")?;
+        let op = BucketOp::Move {
+            from: m.from,
+            to: m.to,
+            n: m.n,
+        };
+        ledger.begin_bucket_op(p, &id, op).await?;
+        ledger.finish_bucket_op(p, &layout, &id, op).await?;
+    }
+    Ok(moves)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_evens_the_buckets_out() {
+        let free = [Units::new(10, 9), Units::new(0, 0), Units::new(2, 0)];
+        let moves = plan(&free);
+        let mut after = free.to_vec();
+        for m in &moves {
+            after[m.from] -= m.n;
+            after[m.to] += m.n;
+        }
+        let total: Units = free.iter().copied().sum();
+        for (j, a) in after.iter().enumerate() {
+            assert_eq!(*a, total.share(3, j), "{moves:?}");
+        }
+        assert!(plan(&after).is_empty());
+        assert!(plan(&[Units::new(4, 4)]).is_empty());
+    }
 }

@@ -24,7 +24,7 @@ use super::buckets::{drive, Buckets};
 use super::reply::{LineReply, LineStatus};
 use super::{Ledger, LedgerError};
 use crate::domain::buckets::{
-    Outcome, Place, Placed, Refund, RefundRun, ReleaseRun, Report, Units, Walk,
+    Adjust, Outcome, Place, Placed, Refund, RefundRun, ReleaseRun, Report, Transfer, Units, Walk,
 };
 use crate::domain::decision::{Reason, Remaining};
 use crate::domain::event::{Header, Id, PlaceLine};
@@ -73,12 +73,14 @@ impl Ledger {
     /// parse is corrupt data.
     pub async fn learn_layout(&self, p: &Id) -> Result<Option<Arc<Layout>>, LedgerError> {
         let key = self.keys().promotion(p);
-        let (k, suffixes): (Option<String>, Option<String>) = self
+        // (HGETALL: the service's least-privilege user has it, not HMGET.)
+        let mut dir: std::collections::HashMap<String, String> = self
             .pool
             .next()
-            .hmget(&key, vec!["buckets", "suffixes"])
+            .hgetall(&key)
             .await
             .map_err(|e| LedgerError::redis("bucket_layout", e))?;
+        let (k, suffixes) = (dir.remove("buckets"), dir.remove("suffixes"));
         let Some(k) = k else {
             return Ok(None);
         };
@@ -375,6 +377,175 @@ impl Ledger {
     }
 }
 
+/// An operator's change of a bucketed promotion: listed in its directory
+/// (field `op:<id>`) before its walk runs, so that the command run again,
+/// or the service's sweeper, finishes one that stopped half way (a half-run
+/// change leaves marks that keep short lines waiting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketOp {
+    /// `promo adjust` adding: each bucket's share, once (`Adjust`).
+    Add(Units),
+    /// `promo adjust` taking away: at most each bucket's share of what it
+    /// holds free, once.
+    Remove(Units),
+    /// `promo rebalance`: up to `n` from bucket `from` to bucket `to`.
+    Move { from: usize, to: usize, n: Units },
+}
+
+impl BucketOp {
+    pub fn encode(&self) -> String {
+        match self {
+            BucketOp::Add(n) => format!("add|{}|{}", n.budget, n.stock),
+            BucketOp::Remove(n) => format!("remove|{}|{}", n.budget, n.stock),
+            BucketOp::Move { from, to, n } => {
+                format!("move|{from}|{to}|{}|{}", n.budget, n.stock)
+            }
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BucketOp> {
+        let f: Vec<&str> = s.split('|').collect();
+        let u = |b: &str, s: &str| -> Option<Units> {
+            let (b, s) = (b.parse::<i64>().ok()?, s.parse::<i64>().ok()?);
+            (b >= 0 && s >= 0).then_some(Units::new(b, s))
+        };
+        match f.as_slice() {
+            ["add", b, s] => Some(BucketOp::Add(u(b, s)?)),
+            ["remove", b, s] => Some(BucketOp::Remove(u(b, s)?)),
+            ["move", i, j, b, s] => Some(BucketOp::Move {
+                from: i.parse().ok()?,
+                to: j.parse().ok()?,
+                n: u(b, s)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Ledger {
+    /// Lists change `id` in `p`'s directory (before it runs).
+    pub async fn begin_bucket_op(&self, p: &Id, id: &Id, op: BucketOp) -> Result<(), LedgerError> {
+        self.write_fields(
+            &self.keys().promotion(p),
+            vec![(format!("op:{id}"), op.encode())],
+            vec![],
+        )
+        .await
+    }
+
+    /// The changes `p`'s directory lists as not finished.
+    pub async fn pending_bucket_ops(&self, p: &Id) -> Result<Vec<(Id, BucketOp)>, LedgerError> {
+        let h = self.hash(&self.keys().promotion(p)).await?;
+        let mut out: Vec<(Id, BucketOp)> = h
+            .iter()
+            .filter_map(|(f, v)| {
+                let id = Id::parse(f.strip_prefix("op:")?).ok()?;
+                Some((id, BucketOp::parse(v)?))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Runs change `id` to its end (idempotent: every step is remembered
+    /// by `id` at its bucket), then removes it from the directory, moving
+    /// the initial amounts by what it added or took away (once, whoever
+    /// finishes it). Returns that signed amount.
+    pub async fn finish_bucket_op(
+        &self,
+        p: &Id,
+        layout: &Layout,
+        id: &Id,
+        op: BucketOp,
+    ) -> Result<Units, LedgerError> {
+        let k = layout.k;
+        for tries in 0.. {
+            let result = match op {
+                BucketOp::Add(n) => {
+                    let mut w = Adjust::new(id.clone(), n, true, k);
+                    self.walk(layout, id, &mut w).await
+                }
+                BucketOp::Remove(n) => {
+                    let mut w = Adjust::new(id.clone(), n, false, k);
+                    self.walk(layout, id, &mut w).await
+                }
+                BucketOp::Move { from, to, n } => {
+                    if from >= k || to >= k || from == to {
+                        return Err(LedgerError::malformed(
+                            "bucket",
+                            format!("change {id}: no move from {from} to {to} of {k}"),
+                        ));
+                    }
+                    let mut w = Transfer::new(id.clone(), from, to, n, k);
+                    self.walk(layout, id, &mut w).await
+                }
+            };
+            match result {
+                Ok(Report::Done(Outcome::Moved)) => break,
+                Ok(other) => {
+                    return Err(LedgerError::malformed(
+                        "bucket",
+                        format!("change {id} ended {other:?}"),
+                    ))
+                }
+                // A corrupt bucket the change must wait for, or units on
+                // their way: a few more tries, then the caller's error.
+                Err(e) if e.disposition() == crate::error::Disposition::Retry && tries < 5 => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut moved = Units::ZERO;
+        let suffix = match op {
+            BucketOp::Add(_) => Some("in"),
+            BucketOp::Remove(_) => Some("out"),
+            BucketOp::Move { .. } => None,
+        };
+        if let Some(suffix) = suffix {
+            for key in &layout.keys {
+                let at = format!("{key}:{suffix}:{id}");
+                if let Some(v) = self.string(&at).await? {
+                    let parsed = v
+                        .split_once(',')
+                        .and_then(|(b, s)| Some(Units::new(b.parse().ok()?, s.parse().ok()?)));
+                    match parsed {
+                        Some(u) => moved += u,
+                        None => {
+                            return Err(LedgerError::malformed(
+                                "bucket",
+                                format!("CORRUPT {at}: {v:?}"),
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        let delta = match op {
+            BucketOp::Remove(_) => Units::ZERO - moved,
+            _ => moved,
+        };
+        let call =
+            super::calls::promo_op_done(self.keys(), p, id.as_str(), delta.budget, delta.stock);
+        self.run(call, None, p).await?;
+        Ok(delta)
+    }
+
+    /// Finishes every change `p`'s directory lists (the sweeper, and each
+    /// operator command first).
+    pub async fn finish_pending_bucket_ops(
+        &self,
+        p: &Id,
+        layout: &Layout,
+    ) -> Result<usize, LedgerError> {
+        let pending = self.pending_bucket_ops(p).await?;
+        for (id, op) in &pending {
+            self.finish_bucket_op(p, layout, id, *op).await?;
+        }
+        Ok(pending.len())
+    }
+}
+
 /// How often the sweeper visits each bucketed promotion.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -438,6 +609,15 @@ impl Ledger {
                 l.iter().map(|(p, x)| (p.clone(), x.clone())).collect()
             };
             for (p, layout) in known {
+                match self.finish_pending_bucket_ops(&p, &layout).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!(promotion = %p, changes = n, "bucket sweeper finished operator changes left half way")
+                    }
+                    Err(e) => {
+                        tracing::warn!(promotion = %p, error = %e, "finishing operator changes failed; tried again later")
+                    }
+                }
                 match self.sweep(&layout).await {
                     Ok(0) => {}
                     Ok(n) => {
@@ -461,6 +641,31 @@ fn amount(x: u64) -> Result<i64, LedgerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operator_changes_round_trip() {
+        for op in [
+            BucketOp::Add(Units::new(5, 0)),
+            BucketOp::Remove(Units::new(0, 7)),
+            BucketOp::Move {
+                from: 2,
+                to: 0,
+                n: Units::new(1, 2),
+            },
+        ] {
+            assert_eq!(BucketOp::parse(&op.encode()), Some(op));
+        }
+        for bad in [
+            "",
+            "add|1",
+            "add|-1|2",
+            "move|1|2|3",
+            "swap|1|2",
+            "remove|x|1",
+        ] {
+            assert_eq!(BucketOp::parse(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn suffixes_parse_only_when_k_distinct_numbers() {

@@ -250,6 +250,16 @@ pub fn promo_adjust(keys: &Keys, p: &Id, budget: Option<i64>, stock: Option<i64>
     )
 }
 
+/// `promo_op_done.lua`: the operator's change `id` of bucketed promotion
+/// `p` is finished; the initial amounts move by the signed deltas, once.
+pub fn promo_op_done(keys: &Keys, p: &Id, id: &str, budget: i64, stock: i64) -> Call {
+    call(
+        &scripts::PROMO_OP_DONE,
+        vec![keys.promotion(p)],
+        vec![format!("op:{id}"), budget.to_string(), stock.to_string()],
+    )
+}
+
 /// `promo_limit.lua`: set (`Some`) or remove (`None`) the per-customer limit.
 pub fn promo_limit(keys: &Keys, p: &Id, per_customer: Option<u64>) -> Call {
     call(
@@ -659,6 +669,16 @@ mod tests {
     }
 
     #[test]
+    fn promo_op_done_names_the_field_and_signed_deltas() {
+        let keys = Keys::new("promo");
+        let p = Id::parse("hot").unwrap();
+        let c = promo_op_done(&keys, &p, "adj-1", -5, 0);
+        assert_eq!(c.script.name, "promo_op_done");
+        assert_eq!(c.keys, vec!["promo:{hot}".to_owned()]);
+        assert_eq!(c.args, vec!["op:adj-1", "-5", "0"]);
+    }
+
+    #[test]
     fn every_script_has_a_builder_tested_here() {
         let tested = [
             "deduct",
@@ -677,6 +697,7 @@ mod tests {
             "audit",
             // (its builder, `ledger::buckets::op_args`, is tested there)
             "bucket",
+            "promo_op_done",
         ];
         let all: Vec<&str> = scripts::all().iter().map(|s| s.name).collect();
         assert_eq!(all.len(), tested.len());

@@ -211,12 +211,14 @@ pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
 /// `super::buckets`). Not in [`all`] yet: no bucketed promotion exists
 /// until the pipeline walks them.
 pub static BUCKET: LazyLock<Script> = with_lib!("bucket");
+/// Finishes an operator's change of a bucketed promotion (issue 28).
+pub static PROMO_OP_DONE: LazyLock<Script> = with_lib!("promo_op_done");
 /// `deductor audit`'s read of one promotion at one instant (reads only).
 pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 15] {
+pub fn all() -> [&'static Script; 16] {
     [
         &DEDUCT,
         &DEDUCT_BATCH,
@@ -233,6 +235,7 @@ pub fn all() -> [&'static Script; 15] {
         &PROMO_DELETE,
         &AUDIT,
         &BUCKET,
+        &PROMO_OP_DONE,
     ]
 }
 

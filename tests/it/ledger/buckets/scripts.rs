@@ -291,6 +291,13 @@ fn a_broken_bucket_script_is_caught() {
             "  if attempt(e) == num(a) then put(",
             "  if false then put(",
         ),
+        // Issue 28's "moved on" memo: a give that leaves no gift memo at
+        // the giver (the units move, nothing says where).
+        (
+            "a give leaves no gift memo",
+            "  write_gift(e, a, { state = 'g', units = total, to = receiver })",
+            "",
+        ),
     ] {
         assert!(BODY.contains(line), "lua/bucket.lua changed: {line:?}");
         let body = BODY.replace(line, broken);

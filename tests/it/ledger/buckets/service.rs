@@ -236,9 +236,6 @@ async fn a_sale(r: TestRedis) {
     assert_eq!(remaining(&r, "hot").await, (0, 0, true));
 
     // Paused: rejected promotion_inactive, remembered after the resume.
-    bucketed::refuse_if_bucketed(&r.ledger, &p, "promo adjust")
-        .await
-        .expect_err("adjust is refused on a bucketed promotion");
     assert_eq!(
         bucketed::set_paused(&r.ledger, &p, true).await.unwrap(),
         Some(true)
@@ -417,7 +414,7 @@ async fn converting_a_promotion_is_refused() {
         .await
         .expect_err("exists");
     assert!(matches!(err, AdminError::Exists(_)), "{err}");
-    for what in ["promo set --force", "promo delete", "promo adjust"] {
+    for what in ["promo set --force", "promo delete"] {
         let err = bucketed::refuse_if_bucketed(&r.ledger, &hot, what)
             .await
             .expect_err("refused");
@@ -438,4 +435,142 @@ async fn converting_a_promotion_is_refused() {
     .await
     .expect_err("both amounts are needed");
     assert!(matches!(err, AdminError::Invalid(_)), "{err}");
+}
+
+/// Order ids whose order's bucket is `j` of `k`.
+fn orders_at(j: usize, k: usize, n: usize, tag: &str) -> Vec<String> {
+    use deductor::domain::buckets::BucketId;
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .filter(|o| crate::common::redis::id(o).bucket(k) == j)
+        .take(n)
+        .collect()
+}
+
+/// `promo adjust` spreads a change over the buckets and moves the initial
+/// amounts by what it did; `promo rebalance` evens the buckets out, also
+/// while orders are being placed; `audit` stays clean throughout; a change
+/// stopped half way is finished by the next command.
+async fn operator_changes(r: TestRedis) {
+    let p = crate::common::redis::id("ops");
+    bucketed::create(&r.ledger, &p, spec(90, 9, None), 3)
+        .await
+        .unwrap();
+    // Three orders at bucket 0 take its three units: buckets 0 / 3 / 3.
+    let at0: Vec<OrderPlaced> = orders_at(0, 3, 3, "a")
+        .iter()
+        .map(|o| {
+            placed(
+                &format!("e-{o}"),
+                o,
+                &format!("c-{o}"),
+                AT,
+                &[("ops", 10, 1)],
+            )
+        })
+        .collect();
+    let t = tally(&place_all(&r.ledger, &at0, 1).await);
+    assert_eq!(t.get("accepted"), Some(&3), "{t:?}");
+    let dir = [("buckets".to_owned(), "3".to_owned())].into();
+    let stocks = |v: &[bucketed::BucketView]| v.iter().map(|b| b.stock).collect::<Vec<_>>();
+    let before = bucketed::buckets_of(&r.ledger, &p, &dir)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stocks(&before), vec![0, 3, 3]);
+
+    // Rebalance: 2 / 2 / 2 (budget likewise), audit clean.
+    let moves = bucketed::rebalance(&r.ledger, &p).await.unwrap();
+    assert!(!moves.is_empty());
+    let after = bucketed::buckets_of(&r.ledger, &p, &dir)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stocks(&after), vec![2, 2, 2], "{moves:?}");
+    let a = bucketed::audit(&r.ledger, &p).await.unwrap().unwrap();
+    assert!(a.breaches.is_empty() && a.unsettled.is_empty(), "{a:?}");
+
+    // Adjust: +4 stock +40 budget, then -5 stock (of 10 free: taken).
+    let done = bucketed::adjust(&r.ledger, &p, Some(40), Some(4))
+        .await
+        .unwrap()
+        .expect("bucketed");
+    assert_eq!((done.budget, done.stock), (40, 4));
+    assert_eq!(remaining(&r, "ops").await, (100, 10, true));
+    let done = bucketed::adjust(&r.ledger, &p, None, Some(-5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(done.stock < 0 && done.stock >= -5, "{done:?}");
+    let (_, left, _) = remaining(&r, "ops").await;
+    assert_eq!(left as i64, 10 + done.stock);
+    let shown = promo_show(&r.ledger, &p).await.unwrap().unwrap();
+    assert_eq!(
+        shown.initial_stock,
+        Some((13 + done.stock) as u64),
+        "{shown}"
+    );
+    let a = bucketed::audit(&r.ledger, &p).await.unwrap().unwrap();
+    assert!(a.breaches.is_empty() && a.unsettled.is_empty(), "{a:?}");
+
+    // A change listed but never walked (the command died): audit says so,
+    // and the next command finishes it first.
+    let id = crate::common::redis::id("adj-crashed");
+    let op = deductor::ledger::bucketed::BucketOp::Add(deductor::domain::buckets::Units::new(0, 3));
+    r.ledger.begin_bucket_op(&p, &id, op).await.unwrap();
+    let a = bucketed::audit(&r.ledger, &p).await.unwrap().unwrap();
+    assert!(a.breaches.is_empty() && !a.unsettled.is_empty(), "{a:?}");
+    bucketed::rebalance(&r.ledger, &p).await.unwrap();
+    assert!(r.ledger.pending_bucket_ops(&p).await.unwrap().is_empty());
+    let (_, left2, _) = remaining(&r, "ops").await;
+    assert_eq!(left2, left + 3);
+
+    // Rebalances while 40 orders come in: the units add up, audit clean.
+    let orders: Vec<OrderPlaced> = (0..40)
+        .map(|n| {
+            placed(
+                &format!("f{n}"),
+                &format!("of{n}"),
+                &format!("cf{n}"),
+                AT,
+                &[("ops", 10, 1)],
+            )
+        })
+        .collect();
+    let rebalances = async {
+        for _ in 0..5 {
+            bucketed::rebalance(&r.ledger, &p).await.unwrap();
+        }
+    };
+    let (decisions, ()) = tokio::join!(place_all(&r.ledger, &orders, 4), rebalances);
+    let t = tally(&decisions);
+    assert_eq!(
+        t.get("accepted").copied().unwrap_or(0) as u64,
+        left2,
+        "{t:?}"
+    );
+    r.ledger.sweep(&layout_of(&r, &p).await).await.unwrap();
+    assert_eq!(
+        remaining(&r, "ops").await,
+        (remaining(&r, "ops").await.0, 0, true)
+    );
+    let a = bucketed::audit(&r.ledger, &p).await.unwrap().unwrap();
+    assert!(a.breaches.is_empty() && a.unsettled.is_empty(), "{a:?}");
+}
+
+async fn layout_of(
+    r: &TestRedis,
+    p: &deductor::domain::event::Id,
+) -> deductor::ledger::bucketed::Layout {
+    (*r.ledger.learn_layout(p).await.unwrap().unwrap()).clone()
+}
+
+#[tokio::test]
+async fn adjust_and_rebalance_a_bucketed_promotion() {
+    operator_changes(standalone().await).await;
+}
+
+#[tokio::test]
+async fn adjust_and_rebalance_a_bucketed_promotion_on_the_cluster() {
+    operator_changes(cluster().await).await;
 }

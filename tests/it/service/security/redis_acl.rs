@@ -533,3 +533,198 @@ pub(super) fn cluster_nodes(url: &str) -> Vec<String> {
         )
         .collect()
 }
+
+/// What the service user needs on top of [`SERVICE_ACL`] for bucketed
+/// promotions (docs/operations.md): the commands lua/bucket.lua runs on a
+/// bucket's keys (its sets of pending ids, its sorted sets of gifts, the
+/// reservation's reads; `SADD` is in the service's rules already) and `HDEL` for lua/promo_op_done.lua (the
+/// sweeper finishing an operator's change).
+pub(super) const BUCKET_ACL: &str = "+srem +scard +zadd +zrem +zrangebylex +exists +hget +hdel";
+
+/// What the operators' user needs on top of [`OPERATOR_ACL`] and
+/// [`BUCKET_ACL`] for `promo adjust` and `rebalance` of a bucketed
+/// promotion: the walks' `SADD` and lua/promo_op_done.lua's `HINCRBY`.
+pub(super) const OPERATOR_BUCKET_ACL: &str = "+sadd +hincrby";
+
+/// A bucketed sale as a user with `rules`, on its own promotion `hot<round>`:
+/// lines gathering from other buckets under a per-customer limit (their
+/// reservations), a refund (mark, notify, revert, release), the sweeper,
+/// an operator's change finished by it. The first error, as text.
+async fn bucket_ops(
+    admin: &deductor::ledger::Ledger,
+    url: &str,
+    round: usize,
+    rules: &str,
+) -> Result<(), String> {
+    use crate::common::redis::{placed, refunded};
+    use deductor::admin::bucketed;
+    use deductor::domain::buckets::{BucketId, Units};
+    use deductor::domain::decision::PlaceDecision;
+    use deductor::domain::event::Id;
+    use deductor::ledger::bucketed::BucketOp;
+    use deductor::ledger::Ledger;
+    use fred::prelude::AclInterface;
+    let p = Id::parse(&format!("hot{round}")).unwrap();
+    let spec = PromoSpec {
+        budget: Some(30),
+        stock: Some(3),
+        per_customer: Some(1),
+        ..PromoSpec::default()
+    };
+    bucketed::create(admin, &p, spec, 3).await.unwrap();
+    let (user, password) = (format!("svc-b{round}"), wrong_password());
+    admin
+        .pool()
+        .acl_setuser(user.as_str(), acl_rules(&password, "promo", rules))
+        .await
+        .unwrap();
+    let mut settings = crate::common::redis::settings(url, "promo");
+    settings.username = user.clone();
+    settings.password = password;
+    let ledger = Ledger::connect(&settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ops = async {
+        // Four orders whose order's bucket is 0: the first takes bucket 0's
+        // unit, the next two gather from buckets 1 and 2, the last is short.
+        let orders: Vec<String> = (0..)
+            .map(|i| format!("o{round}-{i}"))
+            .filter(|o| Id::parse(o).unwrap().bucket(3) == 0)
+            .take(4)
+            .collect();
+        let mut accepted = 0;
+        for (i, o) in orders.iter().enumerate() {
+            let e = placed(
+                &format!("e{i}"),
+                o,
+                &format!("c{i}"),
+                1_800_000_000,
+                &[(p.as_str(), 10, 1)],
+            );
+            if matches!(
+                ledger.place(&e).await.map_err(|e| e.to_string())?,
+                PlaceDecision::Accepted { .. }
+            ) {
+                accepted += 1;
+            }
+        }
+        if accepted != 3 {
+            return Err(format!("{accepted} accepted"));
+        }
+        let r = refunded("r0", &orders[0], "c0", &[(p.as_str(), None, None)]);
+        if !ledger
+            .refund(&r)
+            .await
+            .map_err(|e| e.to_string())?
+            .applied()
+        {
+            return Err("refund not applied".to_owned());
+        }
+        let layout = ledger
+            .learn_layout(&p)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap();
+        ledger.sweep(&layout).await.map_err(|e| e.to_string())?;
+        let id = Id::parse("adj-acl").unwrap();
+        admin
+            .begin_bucket_op(&p, &id, BucketOp::Add(Units::new(0, 1)))
+            .await
+            .unwrap();
+        ledger
+            .finish_pending_bucket_ops(&p, &layout)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), ops)
+        .await
+        .unwrap_or_else(|_| Err("timed out".to_owned()));
+    ledger.quit().await;
+    let _: Result<i64, _> = admin.pool().acl_deluser(user.as_str()).await;
+    result
+}
+
+/// The bucket rules are enough for a bucketed sale, each of them is needed
+/// by it, and without them a bucketed line fails with the ACL's refusal,
+/// never as a decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn bucketed_promotions_need_the_bucket_rules() {
+    service::init_tracing();
+    let server = private_redis(false).await;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let admin = deductor::ledger::Ledger::connect(&crate::common::redis::settings(&url, "promo"))
+        .await
+        .expect("connecting to the private redis-server");
+    let all = format!("{SERVICE_ACL} {BUCKET_ACL}");
+    bucket_ops(&admin, &url, 0, &all)
+        .await
+        .unwrap_or_else(|e| panic!("the documented bucket rules are not enough: {e}"));
+    let e = bucket_ops(&admin, &url, 1, SERVICE_ACL)
+        .await
+        .expect_err("refused without the bucket rules");
+    assert!(
+        e.contains("NOPERM") || e.contains("Auth") || e.contains("auth"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("Corrupt"),
+        "an ACL refusal read as corrupt data: {e}"
+    );
+    for (i, rule) in BUCKET_ACL.split_whitespace().enumerate() {
+        let without: Vec<&str> = BUCKET_ACL
+            .split_whitespace()
+            .filter(|r| r != &rule)
+            .collect();
+        let r = bucket_ops(
+            &admin,
+            &url,
+            i + 2,
+            &format!("{SERVICE_ACL} {}", without.join(" ")),
+        )
+        .await;
+        assert!(
+            r.is_err(),
+            "a bucketed sale works without {rule}: drop it from the documented rules"
+        );
+        assert!(
+            !r.unwrap_err().contains("Corrupt"),
+            "without {rule}: read as corrupt data"
+        );
+    }
+    // The operators' user, with the bucket rules and `+sadd +hincrby`
+    // (docs/operations.md): every command of a bucketed promotion.
+    {
+        use deductor::admin::bucketed;
+        use deductor::domain::event::Id;
+        use fred::prelude::AclInterface;
+        let (user, password) = ("op-buckets", wrong_password());
+        let rules = format!("{OPERATOR_ACL} {BUCKET_ACL} {OPERATOR_BUCKET_ACL}");
+        admin
+            .pool()
+            .acl_setuser(user, acl_rules(&password, "promo", &rules))
+            .await
+            .unwrap();
+        let mut settings = crate::common::redis::settings(&url, "promo");
+        settings.username = user.to_owned();
+        settings.password = password;
+        let op = deductor::ledger::Ledger::connect(&settings).await.unwrap();
+        let p = Id::parse("hot-op").unwrap();
+        let spec = PromoSpec {
+            budget: Some(30),
+            stock: Some(3),
+            ..PromoSpec::default()
+        };
+        bucketed::create(&op, &p, spec, 3).await.unwrap();
+        bucketed::set_paused(&op, &p, true).await.unwrap();
+        bucketed::set_paused(&op, &p, false).await.unwrap();
+        bucketed::limit(&op, &p, Some(2)).await.unwrap();
+        let done = bucketed::adjust(&op, &p, Some(10), Some(1)).await.unwrap();
+        assert_eq!(done, Some(deductor::domain::buckets::Units::new(10, 1)));
+        bucketed::rebalance(&op, &p).await.unwrap();
+        deductor::admin::promo_show(&op, &p).await.unwrap().unwrap();
+        op.quit().await;
+        let _: Result<i64, _> = admin.pool().acl_deluser(user).await;
+    }
+    admin.quit().await;
+}
