@@ -12,6 +12,7 @@ use crate::admin::promo::{self as promos, Adjustment, Change};
 use crate::admin::{self, AdminError, PromoSpec};
 use crate::cli::{Command, EventCommand, Limit, LookupArgs, OrderCommand, PromoCommand};
 use crate::config::Settings;
+use crate::domain::buckets::Units;
 use crate::domain::event::Id;
 use crate::ledger::Ledger;
 use crate::ops::http;
@@ -295,8 +296,12 @@ async fn promo(command: PromoCommand, settings: &Settings) -> anyhow::Result<Exi
         PromoCommand::Delete { promotion, force } => {
             let p = promotion_id(&promotion)?;
             let ledger = connect(settings).await?;
-            crate::admin::bucketed::refuse_if_bucketed(&ledger, &p, "promo delete").await?;
-            promos::delete(&ledger, &p, force).await?;
+            if crate::admin::bucketed::delete(&ledger, &p, force)
+                .await?
+                .is_none()
+            {
+                promos::delete(&ledger, &p, force).await?;
+            }
             println!("promotion {p} deleted");
         }
     }
@@ -358,6 +363,26 @@ async fn audit_json(
     let mut clean = true;
     let mut items = Vec::with_capacity(ids.len());
     for p in &ids {
+        if let Some(b) = crate::admin::bucketed::audit(ledger, p).await? {
+            clean &= b.breaches.is_empty() && b.unsettled.is_empty();
+            let u = |x: Units| serde_json::json!({"budget": x.budget, "stock": x.stock});
+            items.push(serde_json::json!({
+                "promotion_id": p.as_str(),
+                "exists": true,
+                "bucketed": true,
+                "buckets": b.buckets,
+                "initial": b.initial.map(u),
+                "free": u(b.free),
+                "in_transit": u(b.in_transit),
+                "deducted": u(b.deducted),
+                "per_customer": b.per_customer,
+                "held": b.orders_held,
+                "max_used": b.max_per_customer,
+                "breaches": b.breaches,
+                "unsettled": b.unsettled,
+            }));
+            continue;
+        }
         let r = crate::admin::audit::audit_one(ledger, p).await?;
         clean &= r.breaches.is_empty() && r.unsettled.is_empty();
         items.push(serde_json::json!({

@@ -3,8 +3,8 @@
 //! buckets, `pause` / `resume` / `limit` write the directory and every
 //! bucket, `adjust` spreads a change over the buckets and `rebalance`
 //! evens them out (each a change listed in the directory and walked to its
-//! end). `delete` and a conversion from or to a plain promotion are
-//! refused with a message (not supported yet).
+//! end), `delete` removes the directory and the buckets. A conversion from
+//! or to a plain promotion is refused with a message.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -89,6 +89,12 @@ pub async fn create(
     let existing = ledger.hash(&key).await?;
     if existing.contains_key("buckets") {
         return Err(AdminError::Exists(p.clone()));
+    }
+    if existing.is_empty() && ledger.string(&ledger.keys().generation(p)).await?.is_some() {
+        return Err(AdminError::Refused(format!(
+            "promotion id {p} was used before (and deleted): a bucketed promotion needs an id \
+             never used, as its buckets' records carry no incarnation; nothing changed"
+        )));
     }
     if !existing.is_empty() {
         return Err(AdminError::Refused(format!(
@@ -264,6 +270,15 @@ pub struct BucketAudit {
     /// Differences seen while units were in transit (events flowing): not
     /// a breach, not clean either.
     pub unsettled: Vec<String>,
+    /// The sums' difference of this read, if any (judged by [`audit`]).
+    mismatch: Option<String>,
+}
+
+impl BucketAudit {
+    /// The figures two reads compare to tell a stable ledger from a moving one.
+    fn figures(&self) -> (Units, Units, Units, usize) {
+        (self.free, self.in_transit, self.deducted, self.orders_held)
+    }
 }
 
 /// One read of every bucket and record of `p`.
@@ -359,7 +374,7 @@ async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAu
             if a.in_transit.any_pos() || changing {
                 a.unsettled.push(d);
             } else {
-                a.breaches.push(d);
+                a.mismatch = Some(d);
             }
         }
     }
@@ -369,27 +384,36 @@ async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAu
 /// `audit` of a bucketed promotion: every bucket's counters, every
 /// order's record, and the rule that the free units, those in transit and
 /// those deducted add up to the initial amounts; no customer over the
-/// limit. The buckets are read one after another, not at one instant: a
-/// difference counts as a breach only when three reads in a row show it
-/// with nothing in transit; else it is reported unsettled.
+/// limit. The buckets are read one after another, not at one instant (they
+/// live on several nodes): a line that gathers units from another bucket
+/// between two of the reads is seen half. So a difference counts as a
+/// breach only when a second read finds the same figures (nothing moved
+/// meanwhile); when the figures keep changing (events flowing) through
+/// three reads, it is reported unsettled.
 pub async fn audit(ledger: &Ledger, p: &Id) -> Result<Option<BucketAudit>, AdminError> {
     let Some(layout) = ledger.learn_layout(p).await? else {
         return Ok(None);
     };
     let mut last = audit_read(ledger, p, &layout).await?;
-    for _ in 0..2 {
-        if last.breaches.is_empty() {
-            break;
+    for _ in 0..3 {
+        if last.mismatch.is_none() {
+            return Ok(Some(last));
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        let again = audit_read(ledger, p, &layout).await?;
-        if again.breaches.is_empty() {
-            let mut settled = again;
-            settled.unsettled.append(&mut last.breaches);
-            last = settled;
-            break;
+        let mut again = audit_read(ledger, p, &layout).await?;
+        if again.mismatch.is_some() && again.figures() == last.figures() {
+            // Stable: the difference stands.
+            if let Some(d) = again.mismatch.take() {
+                again.breaches.push(d);
+            }
+            return Ok(Some(again));
         }
         last = again;
+    }
+    if let Some(d) = last.mismatch.take() {
+        last.unsettled.push(format!(
+            "{d} (the buckets kept changing while they were read)"
+        ));
     }
     Ok(Some(last))
 }
@@ -546,6 +570,36 @@ pub async fn rebalance(ledger: &Ledger, p: &Id) -> Result<Vec<Move>, AdminError>
         ledger.finish_bucket_op(p, &layout, &id, op).await?;
     }
     Ok(moves)
+}
+
+/// `promo delete` of a bucketed promotion: refused while orders hold
+/// deductions (or units are in transit) unless `force`; then the directory
+/// goes, then every bucket hash (records, memos and reservations expire
+/// with their TTLs). A service that still walks the buckets meets a missing
+/// bucket (`NOBUCKET`), reads the directory again and decides the line as
+/// for any promotion that does not exist. `None` when `p` is not bucketed.
+pub async fn delete(ledger: &Ledger, p: &Id, force: bool) -> Result<Option<()>, AdminError> {
+    let Some(layout) = ledger.learn_layout(p).await? else {
+        return Ok(None);
+    };
+    if !force {
+        if let Some(a) = audit(ledger, p).await? {
+            if a.orders_held > 0 || a.in_transit.any_pos() {
+                return Err(AdminError::Refused(format!(
+                    "promotion {p} has outstanding deductions ({} orders hold budget {} stock \
+                     {}): once it is deleted, refunds cannot return them; pass --force to \
+                     delete it anyway",
+                    a.orders_held, a.deducted.budget, a.deducted.stock
+                )));
+            }
+        }
+    }
+    ledger.delete_key(&ledger.keys().promotion(p)).await?;
+    for key in &layout.keys {
+        ledger.delete_key(key).await?;
+    }
+    ledger.learn_layout(p).await?;
+    Ok(Some(()))
 }
 
 #[cfg(test)]

@@ -82,6 +82,13 @@ impl Ledger {
             .map_err(|e| LedgerError::redis("bucket_layout", e))?;
         let (k, suffixes) = (dir.remove("buckets"), dir.remove("suffixes"));
         let Some(k) = k else {
+            // Not (or no longer: deleted) bucketed.
+            let mut known = self
+                .shared
+                .layouts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            known.remove(p);
             return Ok(None);
         };
         let suffixes = suffixes.unwrap_or_default();
@@ -107,18 +114,27 @@ impl Ledger {
         Ok(Some(layout))
     }
 
-    /// Learns the layout of every promotion of `promotions` not known yet
-    /// (after a plain script answered `BUCKETED`).
+    /// Reads the layout of every promotion of `promotions` again (after a
+    /// plain script answered `BUCKETED`, or a bucket call `NOBUCKET`: a
+    /// bucketed promotion deleted, perhaps created again plain).
     pub(crate) async fn learn_layouts<'a>(
         &self,
         promotions: impl IntoIterator<Item = &'a Id>,
     ) -> Result<(), LedgerError> {
         for p in promotions {
-            if self.layout(p).is_none() {
-                self.learn_layout(p).await?;
-            }
+            self.learn_layout(p).await?;
         }
         Ok(())
+    }
+
+    /// Deletes `key` (the operator's `promo delete` of a bucketed promotion).
+    pub async fn delete_key(&self, key: &str) -> Result<(), LedgerError> {
+        self.pool
+            .next()
+            .del::<i64, _>(key)
+            .await
+            .map(drop)
+            .map_err(|e| LedgerError::redis("del", e))
     }
 
     /// The suffixes of `p`'s K bucket tags, spread over the Cluster's
@@ -609,6 +625,15 @@ impl Ledger {
                 l.iter().map(|(p, x)| (p.clone(), x.clone())).collect()
             };
             for (p, layout) in known {
+                // Deleted meanwhile: forgotten.
+                match self.learn_layout(&p).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(promotion = %p, error = %e, "reading a bucketed promotion's directory failed; tried again later");
+                        continue;
+                    }
+                }
                 match self.finish_pending_bucket_ops(&p, &layout).await {
                     Ok(0) => {}
                     Ok(n) => {

@@ -43,7 +43,9 @@ pub enum ErrorClass {
     /// up would leave a rejected event holding its deduction.
     ReleaseBlocked,
     /// A plain script met a bucketed promotion's directory (`BUCKETED`):
-    /// nothing was written; the line is walked on the buckets instead.
+    /// nothing was written; the line is walked on the buckets instead. Or
+    /// a bucket is gone (`NOBUCKET`: the promotion was deleted): its
+    /// layout is read again.
     Bucketed,
     /// A reply of the wrong shape.
     Reply,
@@ -152,7 +154,9 @@ const FRED_CLUSTER_STATE_NOT_OK: &str = "Invalid or missing cluster state.";
 pub fn classify(e: &RedisError) -> ErrorClass {
     match error_code(e.details()) {
         "CORRUPT" => return ErrorClass::Corrupt,
-        "BUCKETED" => return ErrorClass::Bucketed,
+        // (NOBUCKET: lua/bucket.lua met no bucket hash, the promotion was
+        // deleted: its layout is read again.)
+        "BUCKETED" | "NOBUCKET" => return ErrorClass::Bucketed,
         "BADARG" | "CROSSSLOT" => return ErrorClass::BadArg,
         "NOSCRIPT" => return ErrorClass::NoScript,
         "BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "MISCONF" | "OOM"

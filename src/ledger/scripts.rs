@@ -66,6 +66,16 @@ impl Script {
         } else {
             body
         };
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: a give leaves no "moved on" memo.
+        let body = if name == "bucket" && crate::mutants::mutant("bucket-no-gift-memo") {
+            assert!(
+                body.contains(GIFT_MEMO),
+                "bucket-no-gift-memo: bucket.lua changed"
+            );
+            String::leak(body.replace(GIFT_MEMO, ""))
+        } else {
+            body
+        };
         let sha1 = fred::util::sha1_hash(body);
         Script {
             name,
@@ -117,6 +127,11 @@ const DEDUCT_ONE: &str = "local function deduct_one(KEYS, ARGV, read_promotion, 
 /// `remembering_corrupt` that stores the memo; without it, corrupt data is
 /// forgotten as before the fix of issue 10 item 1, and a redelivery after the
 /// data is repaired decides afresh.
+/// lua/bucket.lua's Give: the gift memo at the giver (issue 28's "moved
+/// on" memo), which the `bucket-no-gift-memo` mutant leaves out.
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const GIFT_MEMO: &str = "  write_gift(e, a, { state = 'g', units = total, to = receiver })";
+
 #[cfg_attr(not(feature = "mutants"), allow(dead_code))]
 const REMEMBER_CORRUPT: &str =
     "if is_corrupt(err) then redis.call('SET', key, value, 'EX', ttl) end";

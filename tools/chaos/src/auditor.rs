@@ -195,19 +195,29 @@ fn judge_breach(stdout: &str, corrupt: &[CorruptField]) -> Verdict {
             .iter()
             .any(|c| b.starts_with(&format!("corrupt {} {}: ", c.key, c.field)))
     };
-    let (mut breaches, mut unsettled) = (0, 0);
+    let (mut breaches, mut unsettled, mut moving) = (0, 0, 0);
     for p in promos {
         let b = strings(&p["breaches"]);
         if !b.iter().all(|b| injected(b)) {
             return Verdict::FalseBreach;
         }
         breaches += b.len();
-        unsettled += strings(&p["unsettled"]).len();
+        // A bucketed promotion's buckets live on several nodes and are read
+        // one after another: while the sale runs its audit can only say
+        // "moving" (docs/contract.md section 2b); the check after the run
+        // holds it to the exact rule.
+        if p["bucketed"] == serde_json::Value::Bool(true) {
+            moving += strings(&p["unsettled"]).len();
+        } else {
+            unsettled += strings(&p["unsettled"]).len();
+        }
     }
     if breaches > 0 {
         Verdict::InjectedCorruption
     } else if unsettled > 0 {
         Verdict::Failed
+    } else if moving > 0 {
+        Verdict::Clean
     } else {
         // Exit 1 and nothing named: not a report to excuse.
         Verdict::FalseBreach
@@ -542,6 +552,19 @@ mod tests {
         let lost = serde_json::json!({"dataset_lost": true, "promotions": []}).to_string();
         assert_eq!(
             judge(Some(1), None, &lost, true, &injected),
+            Verdict::FalseBreach
+        );
+        // A bucketed promotion's buckets moving while they were read: not
+        // a breach, and what a sale in progress shows.
+        let moving = serde_json::json!({"dataset_lost": false, "promotions": [
+            {"promotion_id": "hot", "bucketed": true, "breaches": [], "unsettled": ["x"]}]})
+        .to_string();
+        assert_eq!(judge(Some(1), None, &moving, false, &[]), Verdict::Clean);
+        let moving_and_breach = serde_json::json!({"dataset_lost": false, "promotions": [
+            {"promotion_id": "hot", "bucketed": true, "breaches": ["y"], "unsettled": ["x"]}]})
+        .to_string();
+        assert_eq!(
+            judge(Some(1), None, &moving_and_breach, false, &[]),
             Verdict::FalseBreach
         );
         // UNSETTLED is not a breach, nor a clean audit.

@@ -9,6 +9,7 @@
 //! compare Redis's records, promotions and counters with the model and the
 //! outcomes (`ledger`); then the committed offsets, and the figures.
 
+mod buckets;
 mod delivery;
 mod ledger;
 mod orders;
@@ -374,6 +375,15 @@ pub async fn check(
     };
     let cluster = run.redis_url.starts_with("redis-cluster");
     ledger::promotions(&pool, &keys, &expected, cluster, &mut found).await?;
+    buckets::check(
+        &ledger,
+        &inputs,
+        &sources.outcomes,
+        &first_outcome,
+        &promos,
+        &mut found,
+    )
+    .await?;
     let (noscript, evals) = ledger::script_cache(&pool).await;
     ledger.quit().await;
 

@@ -308,7 +308,14 @@ async fn seed_promotions(ledger: &Ledger, promos: &[workload::Promo]) -> anyhow:
             paused: p.paused,
         };
         let id = Id::parse(&p.id).map_err(|e| anyhow::anyhow!("{e}"))?;
-        admin::promo_set(ledger, &id, spec, true).await?;
+        match p.buckets {
+            Some(k) => {
+                admin::bucketed::create(ledger, &id, spec, k).await?;
+            }
+            None => {
+                admin::promo_set(ledger, &id, spec, true).await?;
+            }
+        }
     }
     Ok(())
 }

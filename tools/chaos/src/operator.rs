@@ -197,7 +197,7 @@ impl Operator {
         let live: Vec<&Promo> = self
             .promos
             .iter()
-            .filter(|p| p.seeded && !p.paused)
+            .filter(|p| p.seeded && !p.paused && p.buckets.is_none())
             .filter(|p| !limited || p.budget.is_some() || p.stock.is_some())
             .collect();
         (!live.is_empty()).then(|| live[rng.below(live.len())].clone())
@@ -206,6 +206,31 @@ impl Operator {
     /// Pause then resume, adjust, or re-seed a live promotion (`n` picks
     /// which, in turn); a pause lasts `hold`.
     pub async fn live_change(
+        &self,
+        rng: &mut Rng,
+        n: usize,
+        hold: std::time::Duration,
+    ) -> anyhow::Result<String> {
+        let change = self.plain_change(rng, n, hold).await?;
+        // Every change also rebalances the bucketed promotions while the
+        // events flow (issue 28: `promo rebalance` is safe meanwhile).
+        let mut rebalanced = Vec::new();
+        for p in self
+            .promos
+            .iter()
+            .filter(|p| p.seeded && p.buckets.is_some())
+        {
+            self.promo_ok(vec!["rebalance".into(), p.id.clone()])
+                .await?;
+            rebalanced.push(p.id.clone());
+        }
+        if rebalanced.is_empty() {
+            return Ok(change);
+        }
+        Ok(format!("{change}; rebalanced {}", rebalanced.join(", ")))
+    }
+
+    async fn plain_change(
         &self,
         rng: &mut Rng,
         n: usize,
@@ -415,6 +440,7 @@ mod tests {
             ends_at: None,
             paused: false,
             seeded: true,
+            buckets: None,
         }
     }
 

@@ -29,6 +29,10 @@ pub struct Promo {
     pub ends_at: Option<i64>,
     pub paused: bool,
     pub seeded: bool,
+    /// Bucketed over this many buckets (issue 28, docs/contract.md section
+    /// 2b): its orders are single-line, checked by `check/buckets.rs`.
+    #[serde(default)]
+    pub buckets: Option<usize>,
 }
 
 impl Promo {
@@ -42,6 +46,7 @@ impl Promo {
             ends_at: None,
             paused: false,
             seeded: true,
+            buckets: None,
         }
     }
 
@@ -104,6 +109,12 @@ pub struct Workload {
     pub records: Vec<Record>,
     pub stats: Stats,
 }
+
+/// The bucketed hot promotion (issue 28): its own single-line orders, a
+/// share of all orders, over three buckets (on a Cluster, one per primary).
+pub const HOT: &str = "hot";
+const HOT_SHARE: f64 = 0.15;
+const HOT_BUCKETS: usize = 3;
 
 /// Promotion templates and how often a line picks each.
 const PROMOS: [(&str, u32); 8] = [
@@ -264,6 +275,64 @@ impl Gen {
             let pos = i + 1 + self.rng.below(seq.len() - i);
             seq.insert(pos, rec(copy));
             self.stats.resent_refunds += 1;
+        }
+        seq
+    }
+
+    /// An order of the bucketed hot promotion (`HOT`): one line of one
+    /// unit, placed by a customer of the pool (the limit is 1), sometimes
+    /// refunded (whole: a bucketed line has no partial refunds), twice,
+    /// early (before its placement), retried under a new event id, or
+    /// sent again.
+    fn hot_order(&mut self) -> Vec<Record> {
+        let o = self.order_id();
+        let c = format!("c{}", self.rng.below(self.customers as usize));
+        let at = BASE_TIME + self.rng.range(0, DAY as u64 - 1) as i64;
+        let lines: Vec<Line> = vec![(HOT.to_owned(), Some(self.rng.range(1, 20)), Some(1))];
+        let all: Vec<Line> = vec![(HOT.to_owned(), None, None)];
+        let e = self.event_id();
+        let placed = bytes(&event("OrderPlaced", &e, &o, &c, at, &lines));
+        self.stats.orders += 1;
+        self.stats.placements += 1;
+        let rec = |payload: Vec<u8>| Record {
+            key: Some(o.clone()),
+            payload,
+            big_header: None,
+        };
+        let mut seq = vec![rec(placed.clone())];
+        let later = at + 3_600;
+        let refund = |g: &mut Gen| {
+            let r = g.event_id();
+            g.stats.refunds += 1;
+            rec(bytes(&event("OrderRefunded", &r, &o, &c, later, &all)))
+        };
+        if self.rng.chance(0.04) {
+            let r = refund(self);
+            seq.insert(0, r);
+            self.stats.early_refunds += 1;
+        } else if self.rng.chance(0.25) {
+            let r = refund(self);
+            seq.push(r);
+            if self.rng.chance(0.2) {
+                let r = refund(self);
+                seq.push(r);
+                self.stats.double_refunds += 1;
+            }
+        }
+        if self.rng.chance(0.03) {
+            let e2 = self.event_id();
+            let pos = 1 + self.rng.below(seq.len());
+            seq.insert(
+                pos,
+                rec(bytes(&event("OrderPlaced", &e2, &o, &c, at, &lines))),
+            );
+            self.stats.retried_placements += 1;
+        }
+        if self.rng.chance(0.08) {
+            let first = seq.iter().position(|r| r.payload == placed).unwrap_or(0);
+            let pos = first + 1 + self.rng.below(seq.len() - first);
+            seq.insert(pos, rec(placed.clone()));
+            self.stats.resent_placements += 1;
         }
         seq
     }
@@ -515,6 +584,8 @@ pub fn generate(n: usize, invalid_share: f64, seed: u64) -> Workload {
     while slotted.len() < n {
         let recs = if g.rng.chance(invalid_share) {
             vec![g.invalid()]
+        } else if g.rng.chance(HOT_SHARE) {
+            g.hot_order()
         } else {
             g.order()
         };
@@ -560,6 +631,14 @@ fn size_promotions(records: &[Record]) -> Vec<Promo> {
     }
     let b = |p: &str, frac: u64| Some((budget.get(p).copied().unwrap_or(0) / frac).max(1));
     let s = |p: &str, frac: u64| Some((stock.get(p).copied().unwrap_or(0) / frac).max(1));
+    // The hot promotion: a quarter of the stock asked for, budget to spare,
+    // one order per customer; both amounts given (a bucketed promotion
+    // counts both).
+    let mut hot = Promo::new(HOT);
+    hot.stock = s(HOT, 4);
+    hot.budget = Some(budget.get(HOT).copied().unwrap_or(0).max(1));
+    hot.per_customer = Some(1);
+    hot.buckets = Some(HOT_BUCKETS);
     PROMOS
         .iter()
         .map(|(id, _)| {
@@ -589,6 +668,7 @@ fn size_promotions(records: &[Record]) -> Vec<Promo> {
             }
             p
         })
+        .chain(std::iter::once(hot))
         .collect()
 }
 

@@ -275,6 +275,9 @@ pub async fn promotions(
     let mut ids: Vec<&Promo> = x.promos.values().collect();
     ids.sort_by(|a, b| a.id.cmp(&b.id));
     for promo in ids {
+        if promo.buckets.is_some() {
+            continue; // (check/buckets.rs)
+        }
         let pid = Id::parse(&promo.id).map_err(|e| anyhow::anyhow!("{e}"))?;
         let h: HashMap<String, String> = pool.hgetall(keys.promotion(&pid)).await?;
         let int = |k: &str| h.get(k).and_then(|v| v.parse::<i64>().ok());

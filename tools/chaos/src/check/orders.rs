@@ -47,7 +47,13 @@ pub fn replay<'a>(
                 .push(i);
         }
     }
+    // Orders of a bucketed promotion are decided per order, by other rules:
+    // `buckets.rs` checks them.
+    let bucketed = super::buckets::orders_of(inputs, promos);
     for (o, evs) in &by_order {
+        if bucketed.contains(o) {
+            continue;
+        }
         let order = orders.entry(o.clone()).or_default();
         for i in evs {
             let Ok(e) = &i.parsed else { continue };
