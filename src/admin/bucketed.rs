@@ -336,12 +336,17 @@ async fn audit_read(ledger: &Ledger, p: &Id, layout: &Layout) -> Result<BucketAu
             };
             let f: Vec<&str> = v.split('|').collect();
             match f.first().copied() {
-                Some("d" | "t") if f.len() >= 4 => {
+                Some(state @ ("d" | "t")) if f.len() >= 4 => {
                     match (f[2].parse::<i64>(), f[3].parse::<i64>()) {
                         (Ok(b), Ok(s)) => {
                             a.deducted += Units::new(b, s);
                             a.orders_held += 1;
-                            *holders.entry(f[1].to_owned()).or_default() += 1;
+                            // Only a deduction holds a reservation: a line set
+                            // aside (`t`) waits for its own, and is undone when
+                            // the customer is at the limit.
+                            if state == "d" {
+                                *holders.entry(f[1].to_owned()).or_default() += 1;
+                            }
                         }
                         _ => a.breaches.push(format!("{rkey} = {v:?} is corrupt")),
                     }
