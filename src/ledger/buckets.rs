@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
-use fred::prelude::{Client, ClusterInterface, Value};
+use fred::prelude::{
+    Client, ClientInterface, ClientLike, ClusterInterface, Options, Server, ServerInterface, Value,
+};
+use fred::types::ClusterHash;
 use fred::util::redis_keyslot;
 
 use super::error::LedgerError;
@@ -365,6 +368,30 @@ pub fn choose_suffixes(client: &Client, promo: &str, k: usize) -> Vec<u32> {
     })
 }
 
+/// The durability gate between a walk's steps (`redis.wait_replicas`).
+///
+/// A walk's steps on different buckets stand on each other: a Give at
+/// bucket A takes units out of A's free units, and the Accept at bucket B
+/// records a deduction that consumes them. The event's gate
+/// (`Ledger::durable`) waits only when the event is done, so a failover
+/// of A's node that took back the Give would leave B's Accept standing on
+/// units A has again: sold twice (found by the chaos suite's `--long`
+/// Cluster reshard run). With the gate on, every call is followed by a
+/// `WAIT` on its bucket's node, on the connection that made the call,
+/// before the walk's next call: no step stands on a write a failover can
+/// take back. A short count, or a connection that changed under the call,
+/// is retryable (`NotDurable`): the event is retried and its every step
+/// is idempotent by the event.
+#[derive(Clone, Copy, Debug)]
+pub struct StepGate {
+    /// `redis.wait_replicas`.
+    pub replicas: u32,
+    /// `redis.wait_timeout_ms`.
+    pub timeout: Duration,
+    /// The usual command timeout, added to the WAIT's own.
+    pub command_timeout: Duration,
+}
+
 /// A bucketed promotion's buckets, as a driver calls them.
 pub struct Buckets<'a> {
     pub client: &'a Client,
@@ -373,10 +400,14 @@ pub struct Buckets<'a> {
     /// The TTL, in seconds, of every key a call writes but the bucket
     /// hashes and their sets.
     pub ttl_secs: u64,
+    /// `Some`: each call waits for its writes to reach the replicas
+    /// ([`StepGate`]); `None`: the gate is off.
+    pub gate: Option<StepGate>,
 }
 
 impl Buckets<'_> {
-    /// One call of lua/bucket.lua on bucket `j`.
+    /// One call of lua/bucket.lua on bucket `j` (and, with the gate on,
+    /// the `WAIT` that makes it durable before the walk goes on).
     pub async fn call<I: BucketArg>(&self, j: usize, op: &Op<I>) -> Result<Reply<I>, LedgerError> {
         let key = self
             .keys
@@ -387,10 +418,59 @@ impl Buckets<'_> {
         argv.push(name.to_owned());
         argv.push(self.ttl_secs.to_string());
         argv.extend(rest);
+        let connections = self.gate.map(|_| self.client.connection_ids());
         let v = eval(self.client, &BUCKET, vec![key.clone()], argv)
             .await
             .map_err(|e| LedgerError::redis("bucket", e))?;
+        if let (Some(gate), Some(connections)) = (self.gate, connections) {
+            self.durable(key, gate, connections).await?;
+        }
         parse_reply(v).map_err(|d| LedgerError::malformed("bucket", d))
+    }
+
+    /// `WAIT` on the node of `key` for the writes of the call just made.
+    async fn durable(
+        &self,
+        key: &str,
+        gate: StepGate,
+        connections: std::collections::HashMap<Server, i64>,
+    ) -> Result<(), LedgerError> {
+        let slot = self
+            .client
+            .is_clustered()
+            .then(|| redis_keyslot(key.as_bytes()));
+        let options = Options {
+            cluster_hash: slot.map(ClusterHash::Custom),
+            timeout: Some(gate.timeout + gate.command_timeout),
+            // Resent after a reconnect it would cover nothing: fail instead.
+            max_attempts: Some(1),
+            ..Options::default()
+        };
+        let wanted = i64::from(gate.replicas);
+        let timeout_ms = gate.timeout.as_millis() as i64;
+        let start = std::time::Instant::now();
+        let acked = self
+            .client
+            .with_options(&options)
+            .wait::<i64>(wanted, timeout_ms)
+            .await
+            .map_err(|e| LedgerError::redis("wait", e))?;
+        crate::metrics::redis_wait(start.elapsed().as_secs_f64());
+        let detail = if acked < wanted {
+            format!(
+                "{acked} of {wanted} replicas have a bucket step's writes after {timeout_ms} ms \
+                 (redis.wait_replicas); the event is retried"
+            )
+        } else if self.client.connection_ids() != connections {
+            "the connection changed under a bucket step (a reconnect or failover), so WAIT \
+             cannot vouch for its writes; the event is retried"
+                .to_owned()
+        } else {
+            return Ok(());
+        };
+        crate::metrics::redis_wait_shortfall();
+        tracing::warn!(key, detail, "durability gate: a bucket step not confirmed");
+        Err(LedgerError::not_durable(detail))
     }
 }
 

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use deductor::domain::buckets::{Dim, Outcome, Place, Placed, Refund, RefundRun, Report, Units};
 use deductor::domain::event::Id;
-use deductor::ledger::buckets::{choose_suffixes, drive, Buckets};
+use deductor::ledger::buckets::{choose_suffixes, drive, Buckets, StepGate};
+use deductor::ledger::error::ErrorClass;
 use fred::prelude::{Client, ClusterInterface, HashesInterface, KeysInterface};
 use fred::util::redis_keyslot;
 use futures::stream::{self, StreamExt};
@@ -93,6 +94,7 @@ async fn place(
                     client: &client,
                     keys,
                     ttl_secs: 3_600,
+                    gate: None,
                 };
                 let mut p = Place::new(o.clone(), c, one, K);
                 let report = drive(&b, &mut p).await.expect("the walk");
@@ -163,6 +165,7 @@ async fn flash_sale(r: TestRedis) {
                     client: &client,
                     keys,
                     ttl_secs: 3_600,
+                    gate: None,
                 };
                 let mut run = RefundRun::new(id(format!("r{i:04}")), o, K);
                 drive(&b, &mut run).await.expect("the refund's walk")
@@ -219,4 +222,77 @@ async fn a_flash_sale_on_three_buckets_sells_exactly_its_stock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_on_three_buckets_of_a_cluster_sells_exactly_its_stock() {
     flash_sale(cluster().await).await;
+}
+
+/// With the durability gate on, a walk waits for each call's writes to
+/// reach the replicas before its next call (`StepGate`): a Give another
+/// bucket's Accept stands on must not be taken back by a failover (the
+/// chaos suite's `--long` Cluster reshard run sold 3 units twice when the
+/// gate waited only at the end of the event). Here the server has no
+/// replica, so the first call's `WAIT` counts 0 of 1: the walk stops there
+/// with a retryable `replicas` error, having made exactly one call, and the
+/// event decided again with the gate off is accepted once.
+async fn a_step_not_confirmed_stops_the_walk(r: TestRedis) {
+    let client = r.pool().next().clone();
+    let keys = create(&r, "gated", Units::new(100, 9), 1).await;
+    let (o, c) = (id("o-gated".to_owned()), id("c-gated".to_owned()));
+    let one = Units::new(1, 1);
+    let gated = Buckets {
+        client: &client,
+        keys: keys.clone(),
+        ttl_secs: 3_600,
+        gate: Some(StepGate {
+            replicas: 1,
+            timeout: std::time::Duration::from_millis(20),
+            command_timeout: std::time::Duration::from_secs(5),
+        }),
+    };
+    let mut p = Place::new(o.clone(), c.clone(), one, K);
+    let e = drive(&gated, &mut p)
+        .await
+        .expect_err("no replica acknowledges: the step is not durable");
+    assert_eq!(e.class(), ErrorClass::Replicas, "{e}");
+    // One call made, on the order's bucket: its unit set aside there (the
+    // limit's reservation comes next), nothing elsewhere.
+    let (free, held, set) = holdings(&r, &keys).await;
+    assert_eq!(
+        free + held + set,
+        Units::new(100, 9),
+        "nothing lost or made"
+    );
+    assert_eq!(set, one, "the first step (set aside at home) and no other");
+    let open = Buckets {
+        client: &client,
+        keys: keys.clone(),
+        ttl_secs: 3_600,
+        gate: None,
+    };
+    let mut again = Place::new(o.clone(), c.clone(), one, K);
+    let report = drive(&open, &mut again).await.expect("the retried walk");
+    assert!(
+        matches!(report, Report::Done(Outcome::Placed(Placed::Accepted(_)))),
+        "{report:?}"
+    );
+    let mut third = Place::new(o, c, one, K);
+    let report = drive(&open, &mut third).await.expect("a redelivery");
+    assert!(
+        matches!(report, Report::Done(Outcome::Placed(Placed::Accepted(_)))),
+        "decided once, the same way: {report:?}"
+    );
+    let (free, held, set) = holdings(&r, &keys).await;
+    assert_eq!(
+        (free, held, set),
+        (Units::new(99, 8), Units::ZERO, Units::ZERO),
+        "one unit deducted, once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_step_the_replicas_did_not_confirm_stops_the_walk() {
+    a_step_not_confirmed_stops_the_walk(standalone().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_step_the_replicas_did_not_confirm_stops_the_walk_on_a_cluster() {
+    a_step_not_confirmed_stops_the_walk(cluster().await).await;
 }
