@@ -207,17 +207,8 @@ impl Ledger {
             client: self.connection(order),
             keys: layout.keys.clone(),
             ttl_secs: self.shared.bucket_ttl_secs,
-            gate: self.step_gate(),
+            gate: self.wait_policy(),
         }
-    }
-
-    /// The durability gate between a walk's steps, when `redis.wait_replicas` is on.
-    fn step_gate(&self) -> Option<super::buckets::StepGate> {
-        (self.shared.wait_replicas > 0).then(|| super::buckets::StepGate {
-            replicas: self.shared.wait_replicas,
-            timeout: self.shared.wait_timeout,
-            command_timeout: self.shared.command_timeout,
-        })
     }
 
     async fn walk<W: Walk<Id>>(
@@ -590,7 +581,7 @@ impl Ledger {
             client: self.pool.next(),
             keys: layout.keys.clone(),
             ttl_secs: self.shared.bucket_ttl_secs,
-            gate: self.step_gate(),
+            gate: self.wait_policy(),
         };
         let mut finished = 0;
         for j in 0..layout.k {

@@ -9,12 +9,10 @@
 
 use std::time::Duration;
 
-use fred::prelude::{
-    Client, ClientInterface, ClientLike, ClusterInterface, Options, Server, ServerInterface, Value,
-};
-use fred::types::ClusterHash;
+use fred::prelude::{Client, ClientInterface, ClientLike, ClusterInterface, Value};
 use fred::util::redis_keyslot;
 
+use super::durability::confirm;
 use super::error::LedgerError;
 use super::scripts::{eval, BUCKET};
 use crate::domain::buckets::{
@@ -382,15 +380,7 @@ pub fn choose_suffixes(client: &Client, promo: &str, k: usize) -> Vec<u32> {
 /// take back. A short count, or a connection that changed under the call,
 /// is retryable (`NotDurable`): the event is retried and its every step
 /// is idempotent by the event.
-#[derive(Clone, Copy, Debug)]
-pub struct StepGate {
-    /// `redis.wait_replicas`.
-    pub replicas: u32,
-    /// `redis.wait_timeout_ms`.
-    pub timeout: Duration,
-    /// The usual command timeout, added to the WAIT's own.
-    pub command_timeout: Duration,
-}
+pub use super::durability::WaitPolicy as StepGate;
 
 /// A bucketed promotion's buckets, as a driver calls them.
 pub struct Buckets<'a> {
@@ -423,54 +413,22 @@ impl Buckets<'_> {
             .await
             .map_err(|e| LedgerError::redis("bucket", e))?;
         if let (Some(gate), Some(connections)) = (self.gate, connections) {
-            self.durable(key, gate, connections).await?;
+            // On the node of the bucket's slot, for the writes just made.
+            let slot = self
+                .client
+                .is_clustered()
+                .then(|| redis_keyslot(key.as_bytes()));
+            confirm(
+                self.client,
+                gate,
+                &[slot],
+                &connections,
+                "a bucket step",
+                key,
+            )
+            .await?;
         }
         parse_reply(v).map_err(|d| LedgerError::malformed("bucket", d))
-    }
-
-    /// `WAIT` on the node of `key` for the writes of the call just made.
-    async fn durable(
-        &self,
-        key: &str,
-        gate: StepGate,
-        connections: std::collections::HashMap<Server, i64>,
-    ) -> Result<(), LedgerError> {
-        let slot = self
-            .client
-            .is_clustered()
-            .then(|| redis_keyslot(key.as_bytes()));
-        let options = Options {
-            cluster_hash: slot.map(ClusterHash::Custom),
-            timeout: Some(gate.timeout + gate.command_timeout),
-            // Resent after a reconnect it would cover nothing: fail instead.
-            max_attempts: Some(1),
-            ..Options::default()
-        };
-        let wanted = i64::from(gate.replicas);
-        let timeout_ms = gate.timeout.as_millis() as i64;
-        let start = std::time::Instant::now();
-        let acked = self
-            .client
-            .with_options(&options)
-            .wait::<i64>(wanted, timeout_ms)
-            .await
-            .map_err(|e| LedgerError::redis("wait", e))?;
-        crate::metrics::redis_wait(start.elapsed().as_secs_f64());
-        let detail = if acked < wanted {
-            format!(
-                "{acked} of {wanted} replicas have a bucket step's writes after {timeout_ms} ms \
-                 (redis.wait_replicas); the event is retried"
-            )
-        } else if self.client.connection_ids() != connections {
-            "the connection changed under a bucket step (a reconnect or failover), so WAIT \
-             cannot vouch for its writes; the event is retried"
-                .to_owned()
-        } else {
-            return Ok(());
-        };
-        crate::metrics::redis_wait_shortfall();
-        tracing::warn!(key, detail, "durability gate: a bucket step not confirmed");
-        Err(LedgerError::not_durable(detail))
     }
 }
 

@@ -27,10 +27,10 @@
 //! failover within the replication lag of the first to lose anything.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    ClientInterface, ClientLike, ClusterInterface, Options, Server, ServerInterface,
+    Client, ClientInterface, ClientLike, ClusterInterface, Options, Server, ServerInterface,
 };
 use fred::types::ClusterHash;
 
@@ -73,6 +73,15 @@ impl Ledger {
         })
     }
 
+    /// The gate's settings, `None` when it is off.
+    pub(crate) fn wait_policy(&self) -> Option<WaitPolicy> {
+        (self.shared.wait_replicas > 0).then(|| WaitPolicy {
+            replicas: self.shared.wait_replicas,
+            timeout: self.shared.wait_timeout,
+            command_timeout: self.shared.command_timeout,
+        })
+    }
+
     /// Returns once `redis.wait_replicas` replicas have every write the
     /// event made on the nodes of `promotions`; else a retryable
     /// [`LedgerError::NotDurable`]. A no-op when the gate is off.
@@ -82,61 +91,96 @@ impl Ledger {
         promotions: impl IntoIterator<Item = &'a Id>,
     ) -> Result<(), LedgerError> {
         let keys = self.written_keys(promotions);
-        let Some(gate) = gate else {
+        let (Some(gate), Some(policy)) = (gate, self.wait_policy()) else {
             return Ok(());
         };
         let client = self.connection(&gate.order);
-        let wanted = i64::from(self.shared.wait_replicas);
-        let timeout_ms = self.shared.wait_timeout.as_millis() as i64;
-        let options = |slot: Option<u16>| Options {
-            cluster_hash: slot.map(ClusterHash::Custom),
-            // The reply may take the whole WAIT timeout, then the usual.
-            timeout: Some(self.shared.wait_timeout + self.shared.command_timeout),
-            // Resent after a reconnect it would cover nothing: fail instead.
-            max_attempts: Some(1),
-            ..Options::default()
-        };
-        let start = Instant::now();
-        let waits = wait_slots(client, keys).into_iter().map(|slot| {
-            let client = client.with_options(&options(slot));
-            async move { client.wait::<i64>(wanted, timeout_ms).await }
-        });
-        let replies = futures::future::join_all(waits).await;
-        crate::metrics::redis_wait(start.elapsed().as_secs_f64());
-        let mut acked = i64::MAX;
-        for reply in replies {
-            acked = acked.min(reply.map_err(|e| LedgerError::redis("wait", e))?);
-        }
-        let problem = if acked < wanted {
-            Some(format!(
-                "{acked} of {wanted} replicas have the event's writes after {timeout_ms} ms \
-                 (redis.wait_replicas); the event is retried"
-            ))
-        } else if client.connection_ids() != gate.connections {
-            Some(
-                "the connection changed under the event (a reconnect or failover), so WAIT \
-                 cannot vouch for its writes; the event is retried"
-                    .to_owned(),
-            )
-        } else {
-            None
-        };
-        match problem {
-            None => Ok(()),
-            Some(detail) => {
-                crate::metrics::redis_wait_shortfall();
-                tracing::warn!(order = %gate.order, detail, "durability gate: not confirmed");
-                Err(LedgerError::not_durable(detail))
-            }
-        }
+        let slots = wait_slots(client, keys);
+        let subject = gate.order.to_string();
+        confirm(
+            client,
+            policy,
+            &slots,
+            &gate.connections,
+            "the event",
+            &subject,
+        )
+        .await
     }
+}
+
+/// The durability gate's settings: `redis.wait_replicas`, its timeout,
+/// and the usual command timeout (the `WAIT`'s reply may take both).
+#[derive(Clone, Copy, Debug)]
+pub struct WaitPolicy {
+    /// `redis.wait_replicas`.
+    pub replicas: u32,
+    /// `redis.wait_timeout_ms`.
+    pub timeout: Duration,
+    /// The usual command timeout, added to the WAIT's own.
+    pub command_timeout: Duration,
+}
+
+/// One `WAIT` per slot of `slots` (`None`: on the connection, not routed)
+/// over `client`, in parallel; `Ok` when each counts `policy.replicas`
+/// replicas and `client`'s connections are still `connections` (those that
+/// made the writes), else a retryable [`LedgerError::NotDurable`] naming
+/// `what` was not confirmed (`subject`, the order or key, goes to the log).
+/// The one place the gate's `WAIT`s are sent: the event's gate
+/// ([`Ledger::durable`]) and a bucket walk's step gate
+/// (`ledger::buckets::Buckets::call`) both call it.
+pub(crate) async fn confirm(
+    client: &Client,
+    policy: WaitPolicy,
+    slots: &[Option<u16>],
+    connections: &HashMap<Server, i64>,
+    what: &str,
+    subject: &str,
+) -> Result<(), LedgerError> {
+    let wanted = i64::from(policy.replicas);
+    let timeout_ms = policy.timeout.as_millis() as i64;
+    let options = |slot: Option<u16>| Options {
+        cluster_hash: slot.map(ClusterHash::Custom),
+        // The reply may take the whole WAIT timeout, then the usual.
+        timeout: Some(policy.timeout + policy.command_timeout),
+        // Resent after a reconnect it would cover nothing: fail instead.
+        max_attempts: Some(1),
+        ..Options::default()
+    };
+    let start = Instant::now();
+    let waits = slots.iter().map(|&slot| {
+        let client = client.with_options(&options(slot));
+        async move { client.wait::<i64>(wanted, timeout_ms).await }
+    });
+    let replies = futures::future::join_all(waits).await;
+    crate::metrics::redis_wait(start.elapsed().as_secs_f64());
+    let mut acked = i64::MAX;
+    for reply in replies {
+        acked = acked.min(reply.map_err(|e| LedgerError::redis("wait", e))?);
+    }
+    let detail = if acked < wanted {
+        format!(
+            "{acked} of {wanted} replicas have {what}'s writes after {timeout_ms} ms \
+             (redis.wait_replicas); the event is retried"
+        )
+    } else if client.connection_ids() != *connections {
+        format!(
+            "the connection changed under {what} (a reconnect or failover), so WAIT \
+             cannot vouch for its writes; the event is retried"
+        )
+    } else {
+        return Ok(());
+    };
+    crate::metrics::redis_wait_shortfall();
+    tracing::warn!(subject, detail, "durability gate: {what} not confirmed");
+    Err(LedgerError::not_durable(detail))
 }
 
 /// Where the `WAIT`s go: on a Cluster one slot per node `keys` (a key of
 /// each slot the event wrote: a plain promotion's hash, every bucket of a
 /// bucketed one) live on (`Some(slot)` routes the `WAIT` like a key of that slot);
 /// elsewhere one `WAIT` on the connection (`None`).
-fn wait_slots(client: &fred::prelude::Client, keys: Vec<String>) -> Vec<Option<u16>> {
+fn wait_slots(client: &Client, keys: Vec<String>) -> Vec<Option<u16>> {
     if !client.is_clustered() {
         return vec![None];
     }
