@@ -150,6 +150,11 @@ pub fn error_code(details: &str) -> &str {
 /// than `ok` (fred 10, `check_cluster_state`).
 const FRED_CLUSTER_STATE_NOT_OK: &str = "Invalid or missing cluster state.";
 
+/// fred's error when a command finds no connection to go over (fred 10,
+/// `router::commands::write_command`: the connection dropped and the
+/// reconnect has not happened yet); its kind is `Unknown`.
+const FRED_NO_ROUTE: &str = "Failed to route command.";
+
 /// The one place Redis errors are classified.
 pub fn classify(e: &RedisError) -> ErrorClass {
     match error_code(e.details()) {
@@ -172,6 +177,13 @@ pub fn classify(e: &RedisError) -> ErrorClass {
     // during a Cluster failover instead of 3).
     if e.kind() == &ErrorKind::Protocol && e.details() == FRED_CLUSTER_STATE_NOT_OK {
         return ErrorClass::Cluster;
+    }
+    // A command that found its connection gone (Redis killed or stopped,
+    // the reconnect not done yet) is a connection error: retried, and an
+    // operator command exits 3 (found by the chaos suite's --long run:
+    // `audit` exited 1 while Redis was down, on its SCAN).
+    if e.kind() == &ErrorKind::Unknown && e.details() == FRED_NO_ROUTE {
+        return ErrorClass::Connection;
     }
     match e.kind() {
         // Sentinel: no sentinel answered, or none names a primary yet (a
@@ -523,6 +535,22 @@ mod tests {
         assert_eq!(
             classify(&RedisError::new(ErrorKind::Protocol, "other")),
             ErrorClass::Reply
+        );
+    }
+
+    /// A command that found no connection (Redis down, the reconnect not
+    /// done yet) is a connection error: exit 3, retried.
+    #[test]
+    fn a_command_without_a_connection_is_a_connection_error() {
+        let e = RedisError::new(ErrorKind::Unknown, "Failed to route command.");
+        assert_eq!(classify(&e), ErrorClass::Connection);
+        assert_eq!(
+            crate::exit::redis_exit_code(&LedgerError::redis("scan", e)),
+            Some(crate::error::EXIT_UNREACHABLE)
+        );
+        assert_eq!(
+            classify(&RedisError::new(ErrorKind::Unknown, "other")),
+            ErrorClass::Other
         );
     }
 
