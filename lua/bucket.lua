@@ -39,6 +39,17 @@
 -- corrupt_promotion under the event's memo. Any other stored value it cannot
 -- read is the error "CORRUPT <key> ...": every operation reads all it needs
 -- before its first write, so that error leaves every key as it was.
+--
+-- What runs is this text cut down per operation (src/ledger/scripts.rs
+-- `specialize_bucket`): the other operations' `function OPS.X` and SIGNATURES
+-- entries left out, then every top-level `local` nothing left names. Redis runs
+-- a script's top level on every call, and each closure and table it builds
+-- costs the server there (the whole script: about 250,000 instructions before
+-- the operation began; `scripts/lua-cost --bucket`). So keep the layout that
+-- cut relies on: a top-level function starts at column 0 (`local function` or
+-- `function OPS.`) and ends at the next line that is exactly `end` (or is one
+-- line); a top-level `local NAME = ...` table closes its braces on its last
+-- line; no `--` inside a string, no block comments.
 
 local B = KEYS[1]
 local op = ARGV[1]
@@ -123,14 +134,14 @@ local function config(h, field)
 end
 
 -- Records.
-local RECORD_FIELDS = { t = 7, d = 5, v = 6, x = 2, r = 5 }
+local RECORD_WIDTH = { t = 7, d = 5, v = 6, x = 2, r = 5 }
 local function record(o)
   local key = B .. ':order:' .. o
   local v = get(key)
   if v == nil then return nil end
   local p = split(v, '|')
   local r = { state = p[1] }
-  if RECORD_FIELDS[r.state] ~= #p then corrupt(key, 'value', v) end
+  if RECORD_WIDTH[r.state] ~= #p then corrupt(key, 'value', v) end
   if r.state == 'x' then
     r.by = p[2]
   else
@@ -144,7 +155,7 @@ local function record(o)
   end
   return r
 end
-local function write_record(o, r)
+local function put_record(o, r)
   local v
   if r.state == 'x' then
     v = 'x|' .. r.by
@@ -275,7 +286,7 @@ local function settle(k, e)
   if r == nil or r.state ~= 't' then return { 'restart' } end
   k.set = sub(k.set, r.own)
   save(k)
-  write_record(e, { state = 'd', customer = r.customer, units = r.units, cr = r.cr })
+  put_record(e, { state = 'd', customer = r.customer, units = r.units, cr = r.cr })
   return decided_reply('accepted', r.units, r.cr)
 end
 
@@ -283,7 +294,7 @@ local function take(k, h, e, c, units, own, cr)
   local limited = config(h, 'per_customer') ~= nil
   k.avail = sub(k.avail, own)
   k.set = add(k.set, own)
-  write_record(e, { state = 't', customer = c, units = units, own = own, cr = cr })
+  put_record(e, { state = 't', customer = c, units = units, own = own, cr = cr })
   if limited then
     save(k)
     return { 'tentative' }
@@ -567,7 +578,7 @@ function OPS.RefundLook(e, o)
   local r = record(o)
   local pend = B .. ':pending'
   if r == nil then
-    write_record(o, { state = 'x', by = e })
+    put_record(o, { state = 'x', by = e })
     put(B .. ':refund:' .. e, 'no_deduction')
     return { 'refund', 'no_deduction', '0', '0' }
   elseif r.state == 'v' and r.by == e then
@@ -610,7 +621,7 @@ local function give_back_record(k, o, r, state, by)
   k.avail = add(k.avail, r.units)
   k.incr = k.incr + 1
   save(k)
-  write_record(o, { state = state, customer = r.customer, units = r.units, cr = r.cr, by = by })
+  put_record(o, { state = state, customer = r.customer, units = r.units, cr = r.cr, by = by })
 end
 
 -- RefundRevert E O

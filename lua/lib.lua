@@ -7,6 +7,10 @@
 -- script's main() runs under run(), which turns that into the error reply `msg`
 -- (first word: the code the caller matches on). Every check runs before the first
 -- write, so a failure never leaves a partial write.
+--
+-- In front of lua/bucket.lua this file is cut down with it, per operation, to
+-- the definitions the operation names (src/ledger/scripts.rs
+-- `specialize_bucket`): keep the layout lua/bucket.lua's header describes.
 
 local MAX_DIGITS = 15 -- keeps every number exact in a Lua double
 local MAX_AMOUNT = 999999999999999 -- the largest canonical value

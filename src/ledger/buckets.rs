@@ -14,7 +14,7 @@ use fred::util::redis_keyslot;
 
 use super::durability::confirm;
 use super::error::LedgerError;
-use super::scripts::{eval, BUCKET};
+use super::scripts::{bucket, eval};
 use crate::domain::buckets::{
     bucket_suffixes, BucketId, Credit, Dim, Gather, Op, Placed, Refund, Reply, Report, Step, Units,
     Walk,
@@ -409,7 +409,10 @@ impl Buckets<'_> {
         argv.push(self.ttl_secs.to_string());
         argv.extend(rest);
         let connections = self.gate.map(|_| self.client.connection_ids());
-        let v = eval(self.client, &BUCKET, vec![key.clone()], argv)
+        let script = bucket(name).ok_or_else(|| {
+            LedgerError::malformed("bucket", format!("lua/bucket.lua has no operation {name}"))
+        })?;
+        let v = eval(self.client, script, vec![key.clone()], argv)
             .await
             .map_err(|e| LedgerError::redis("bucket", e))?;
         if let (Some(gate), Some(connections)) = (self.gate, connections) {

@@ -9,6 +9,7 @@
 //! The calls are built in [`super::calls`], their replies decoded in
 //! [`super::reply`].
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use fred::bytes_utils::Str;
@@ -27,6 +28,17 @@ pub struct Script {
 }
 
 impl Script {
+    /// A script whose text is final (no mutant applies to it).
+    fn composed(name: &'static str, body: &'static str) -> Script {
+        let sha1 = fred::util::sha1_hash(body);
+        Script {
+            name,
+            body,
+            sha1_str: Str::from(sha1.as_str()),
+            sha1,
+        }
+    }
+
     fn new(name: &'static str, body: &'static str) -> Script {
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a redelivery deducts again.
         let body = if name == "deduct" && crate::mutants::mutant("double-deduct") {
@@ -76,13 +88,7 @@ impl Script {
         } else {
             body
         };
-        let sha1 = fred::util::sha1_hash(body);
-        Script {
-            name,
-            body,
-            sha1_str: Str::from(sha1.as_str()),
-            sha1,
-        }
+        Script::composed(name, String::leak(cut_unused(body)))
     }
 }
 
@@ -223,9 +229,228 @@ pub static PROMO_ADJUST: LazyLock<Script> = with_lib!("promo_adjust");
 pub static PROMO_LIMIT: LazyLock<Script> = with_lib!("promo_limit");
 pub static PROMO_DELETE: LazyLock<Script> = with_lib!("promo_delete");
 /// One operation of the bucket protocol on one bucket (docs/buckets.md;
-/// `super::buckets`). Not in [`all`] yet: no bucketed promotion exists
-/// until the pipeline walks them.
+/// `super::buckets`): lib.lua and lua/bucket.lua, whole (the mutants
+/// applied). What runs is [`bucket`]'s script of the operation.
 pub static BUCKET: LazyLock<Script> = with_lib!("bucket");
+
+/// lua/bucket.lua specialised per operation ([`specialize_bucket`]), by name.
+static BUCKET_OPS: LazyLock<Vec<(&'static str, Script)>> = LazyLock::new(|| {
+    bucket_ops(BUCKET.body)
+        .into_iter()
+        .map(|op| {
+            let body = String::leak(specialize_bucket(BUCKET.body, op));
+            (op, Script::composed("bucket", body))
+        })
+        .collect()
+});
+
+/// The script of lua/bucket.lua's operation `op` (`None`: no such
+/// operation).
+pub fn bucket(op: &str) -> Option<&'static Script> {
+    BUCKET_OPS.iter().find(|(o, _)| *o == op).map(|(_, s)| s)
+}
+
+/// The operations of a lua/bucket.lua text: the names of its
+/// `SIGNATURES` table, in order.
+pub fn bucket_ops(body: &str) -> Vec<&str> {
+    let mut ops = Vec::new();
+    let mut inside = false;
+    for line in body.lines() {
+        if line == "local SIGNATURES = {" {
+            inside = true;
+        } else if inside && line == "}" {
+            break;
+        } else if let Some((name, _)) = line.strip_prefix("  ").and_then(|l| l.split_once(" = {")) {
+            if inside {
+                ops.push(name);
+            }
+        }
+    }
+    ops
+}
+
+/// lib.lua + lua/bucket.lua (`body`) cut down to what operation `op` runs:
+/// the other operations' `function OPS.X` and their `SIGNATURES` entries
+/// left out, then every top-level `local function` that nothing left
+/// names, until none is. The script's behaviour for `op` is the whole
+/// script's: its dispatch, checks and helpers are the same text.
+///
+/// Why: Redis runs a script's top level on every call, and each function
+/// it defines is a closure allocated anew (about 400 instructions, plus
+/// about 180 per upvalue), each table constructor too (SIGNATURES held
+/// 27). The whole script spent about 250,000 instructions of the server
+/// before its operation began, about 17x what the cheapest operation then
+/// does (docs/benchmarks.md, "Bucket calls cut down per operation").
+///
+/// The texts' layout is what this relies on, and lua/bucket.lua's header
+/// says so: a top-level function starts at column 0 (`local function` or
+/// `function OPS.`) and ends at the next line that is exactly `end`, or
+/// on its own line when that line closes it (a one-line function).
+pub fn specialize_bucket(body: &str, op: &str) -> String {
+    let keep_op = |name: &str| name == op || (op == "AdjustMark" && name == "TransferMark");
+    let mut lines: Vec<&str> = Vec::new();
+    let mut skipping = false;
+    let mut in_signatures = false;
+    for line in body.lines() {
+        if skipping {
+            skipping = line != "end";
+            continue;
+        }
+        if line.trim_start().starts_with("--") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("function OPS.") {
+            let name = rest.split('(').next().unwrap_or_default();
+            if !keep_op(name) {
+                skipping = !one_line(line);
+                continue;
+            }
+        }
+        if line == "OPS.AdjustMark = OPS.TransferMark" && op != "AdjustMark" {
+            continue;
+        }
+        if line == "local SIGNATURES = {" {
+            in_signatures = true;
+        } else if in_signatures && line == "}" {
+            in_signatures = false;
+        } else if in_signatures {
+            if let Some((name, _)) = line.strip_prefix("  ").and_then(|l| l.split_once(" = {")) {
+                if name != op {
+                    continue;
+                }
+            }
+        }
+        lines.push(line);
+    }
+    cut(lines)
+}
+
+/// A script's text without its comment lines and without the top-level
+/// definitions nothing in it names (src/ledger/scripts.rs composes lib.lua
+/// in front of every script, and a script names only some of its helpers):
+/// Redis runs a script's top level on every call, so each unused closure
+/// or table is work for nothing. The layout this relies on is lua/bucket.lua's
+/// header's ([`specialize_bucket`]).
+pub fn cut_unused(body: &str) -> String {
+    cut(body
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect())
+}
+
+/// `lines` without the top-level definitions nothing names.
+fn cut(mut lines: Vec<&str>) -> String {
+    // Functions nothing names, until none is left: a function goes when
+    // every use of its name is inside itself; the words of what went no
+    // longer count.
+    let blocks = local_functions(&lines);
+    let block_words: Vec<Vec<&str>> = blocks
+        .iter()
+        .map(|(_, from, to)| {
+            lines[*from..=*to]
+                .iter()
+                .flat_map(|l| words(code(l)))
+                .collect()
+        })
+        .collect();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for w in lines.iter().flat_map(|l| words(code(l))) {
+        *count.entry(w).or_default() += 1;
+    }
+    let mut gone = vec![false; blocks.len()];
+    loop {
+        let mut changed = false;
+        for (i, (name, _, _)) in blocks.iter().enumerate() {
+            let own = block_words[i].iter().filter(|w| *w == name).count();
+            if !gone[i] && count.get(name).copied().unwrap_or(0) == own {
+                gone[i] = true;
+                changed = true;
+                for w in &block_words[i] {
+                    if let Some(c) = count.get_mut(w) {
+                        *c -= 1;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for (i, (_, from, to)) in blocks.iter().enumerate().rev() {
+        if gone[i] {
+            lines.drain(*from..=*to);
+        }
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+/// Whether a top-level function's first line also closes it.
+fn one_line(line: &str) -> bool {
+    let n = |k: &str| words(line).filter(|w| *w == k).count();
+    line.ends_with(" end") && n("function") + n("if") + n("do") == n("end")
+}
+
+/// The top-level definitions of `lines`, name, first and last line: each
+/// `local function` and each `local NAME = ...` whose value calls nothing
+/// (a table constructor over several lines ends where its braces close).
+fn local_functions<'a>(lines: &[&'a str]) -> Vec<(&'a str, usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let end = if let Some(rest) = line.strip_prefix("local function ") {
+            let name = rest.split('(').next().unwrap_or_default();
+            let end = if one_line(line) {
+                i
+            } else {
+                (i + 1..lines.len())
+                    .find(|&j| lines[j] == "end")
+                    .unwrap_or(lines.len() - 1)
+            };
+            out.push((name, i, end));
+            end
+        } else if let Some((name, _)) = line
+            .strip_prefix("local ")
+            .and_then(|rest| rest.split_once(" = "))
+            .filter(|(name, _)| words(name).count() == 1 && !name.contains(','))
+        {
+            let mut depth = 0i64;
+            let mut end = i;
+            for (j, l) in lines.iter().enumerate().skip(i) {
+                let code = code(l);
+                depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+                end = j;
+                if depth <= 0 {
+                    break;
+                }
+            }
+            // Only a value that calls nothing (a constant, a table of
+            // constants): a call may write, or fail on purpose.
+            if !lines[i..=end].iter().any(|l| code(l).contains('(')) {
+                out.push((name, i, end));
+            }
+            end
+        } else {
+            i
+        };
+        i = end + 1;
+    }
+    out
+}
+
+/// `line` without its comment (the texts have no `--` inside a string and
+/// no block comments).
+fn code(line: &str) -> &str {
+    line.split("--").next().unwrap_or_default()
+}
+
+/// The identifiers (and numbers) of `line`.
+fn words(line: &str) -> impl Iterator<Item = &str> {
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+}
 /// Finishes an operator's change of a bucketed promotion (issue 28).
 pub static PROMO_OP_DONE: LazyLock<Script> = with_lib!("promo_op_done");
 /// `deductor audit`'s read of one promotion at one instant (reads only).
@@ -233,8 +458,8 @@ pub static AUDIT: LazyLock<Script> =
     LazyLock::new(|| Script::new("audit", include_str!("../../lua/audit.lua")));
 
 /// Every script, for `SCRIPT LOAD` at startup.
-pub fn all() -> [&'static Script; 16] {
-    [
+pub fn all() -> Vec<&'static Script> {
+    let mut all: Vec<&'static Script> = vec![
         &DEDUCT,
         &DEDUCT_BATCH,
         &RELEASE,
@@ -249,9 +474,10 @@ pub fn all() -> [&'static Script; 16] {
         &PROMO_LIMIT,
         &PROMO_DELETE,
         &AUDIT,
-        &BUCKET,
         &PROMO_OP_DONE,
-    ]
+    ];
+    all.extend(BUCKET_OPS.iter().map(|(_, s)| s));
+    all
 }
 
 /// Runs `call` on `client` and records its duration
@@ -321,6 +547,98 @@ mod tests {
         assert!(DEDUCT_BATCH.body.contains(COALESCE_RUNNING.0));
         assert!(DEDUCT_BATCH.body.contains(DEDUCT_ONE));
         assert!(DEDUCT_BATCH.body.contains(FRESH_MEMO_READ));
+    }
+
+    /// Each operation's script keeps its own operation, signature and
+    /// every function it calls, and leaves the others out.
+    #[test]
+    fn each_bucket_operation_has_a_script_of_its_own() {
+        let ops = bucket_ops(BUCKET.body);
+        assert_eq!(ops.len(), 28, "{ops:?}");
+        for op in &ops {
+            let s = bucket(op).expect("a script per operation");
+            assert_eq!(s.name, "bucket", "one metric name for all");
+            let defines = |name: &str| s.body.contains(&format!("function OPS.{name}("));
+            let expected = if *op == "AdjustMark" {
+                "TransferMark"
+            } else {
+                op
+            };
+            assert!(defines(expected), "{op}: its function");
+            for other in ops.iter().filter(|o| **o != expected) {
+                assert!(!defines(other), "{op}: also defines {other}");
+            }
+            let signatures: Vec<&str> = bucket_ops(s.body);
+            assert_eq!(signatures, [*op], "{op}: its signature alone");
+            // Every definition a remaining line names is still there
+            // (comments aside).
+            let body: Vec<&str> = s.body.lines().collect();
+            let kept = local_functions(&body);
+            for (name, _, _) in local_functions(&BUCKET.body.lines().collect::<Vec<_>>()) {
+                let code = |l: &&str| l.split("--").next().unwrap_or_default().to_owned();
+                let named = body.iter().enumerate().any(|(i, l)| {
+                    let own = kept
+                        .iter()
+                        .any(|(n, from, to)| *n == name && (*from..=*to).contains(&i));
+                    !own && words(&code(l)).any(|w| w == name)
+                });
+                let defined = kept.iter().any(|(n, _, _)| *n == name);
+                assert!(!named || defined, "{op}: names {name} but lost it");
+            }
+            assert!(
+                s.body.len() < BUCKET.body.len() * 3 / 4,
+                "{op}: not cut down"
+            );
+            assert!(s.body.ends_with("return run(main)\n"), "{op}: its dispatch");
+        }
+        assert!(bucket("Deduct").is_none());
+        // The startup load covers them.
+        let loaded: Vec<&str> = all().iter().map(|s| s.sha1.as_str()).collect();
+        assert!(ops
+            .iter()
+            .all(|op| loaded.contains(&bucket(op).map_or("", |s| s.sha1.as_str()))));
+    }
+
+    /// The cut is by the texts' layout: one-line functions, and a
+    /// function only another unused function names, go too.
+    #[test]
+    fn the_cut_follows_what_is_named() {
+        let body = "local function a(x) return x end\n\
+                    local function b(x)\n  return a(x)\nend\n\
+                    local function c(x) if x then return 1 end return 0 end\n\
+                    local function d()\n  return c(1)\nend\n\
+                    local OPS = {}\n\
+                    function OPS.One()\n  return d()\nend\n\
+                    function OPS.Two()\n  return b(1)\nend\n\
+                    local SIGNATURES = {\n  One = {},\n  Two = {},\n}\n\
+                    local UNUSED = { 1,\n  2 }\n\
+                    -- a comment naming a(x)\n\
+                    local SIDE = redis.call('INCR', 'x')\n\
+                    local CHECKED = tostring(2)\n\
+                    local function main()\n  return OPS[op](SIGNATURES[op])\nend\n\
+                    return run(main)\n";
+        let one = specialize_bucket(body, "One");
+        assert_eq!(
+            one,
+            "local function c(x) if x then return 1 end return 0 end\n\
+             local function d()\n  return c(1)\nend\n\
+             local OPS = {}\n\
+             function OPS.One()\n  return d()\nend\n\
+             local SIGNATURES = {\n  One = {},\n}\n\
+             local SIDE = redis.call('INCR', 'x')\n\
+             local CHECKED = tostring(2)\n\
+             local function main()\n  return OPS[op](SIGNATURES[op])\nend\n\
+             return run(main)\n"
+        );
+        let two = specialize_bucket(body, "Two");
+        assert!(
+            two.contains("function b(") && two.contains("function a("),
+            "{two}"
+        );
+        assert!(
+            !two.contains("function c(") && !two.contains("function d("),
+            "{two}"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::bucket::*;
 use super::{case, cases, run_traced, Case};
 use crate::common::redis::{cluster as cluster_redis, standalone, TestRedis};
 use deductor::ledger::buckets::{op_args as args, parse_reply as reply, BucketArg};
+use deductor::ledger::scripts;
 
 const BODY: &str = concat!(
     include_str!("../../../../lua/lib.lua"),
@@ -114,7 +115,7 @@ pub(super) fn bucket_fields(
 
 async fn replay(
     r: &TestRedis,
-    body: &str,
+    scripts: &Scripts,
     case_no: u64,
     c: &Case,
     trace: &[Traced],
@@ -177,7 +178,7 @@ async fn replay(
                 let mut argv = vec![name.to_owned(), TTL.to_owned()];
                 argv.extend(rest);
                 let got = r
-                    .eval(body, vec![key(*j)], argv.clone())
+                    .eval(scripts.of(name), vec![key(*j)], argv.clone())
                     .await
                     .map_err(|e| format!("script error: {e}"))
                     .and_then(reply);
@@ -217,7 +218,32 @@ async fn replay(
     Ok(())
 }
 
-/// Runs up to `cases` cases of the model, each replayed on `body`.
+/// A lua/bucket.lua text specialised per operation, as the service runs
+/// it (`scripts::specialize_bucket`).
+struct Scripts(BTreeMap<String, String>);
+
+impl Scripts {
+    fn new(body: &str) -> Scripts {
+        let mut ops = scripts::bucket_ops(body);
+        ops.push("Deduct"); // no such operation: its script refuses every call
+        Scripts(
+            ops.into_iter()
+                .map(|op| (op.to_owned(), scripts::specialize_bucket(body, op)))
+                .collect(),
+        )
+    }
+
+    fn of(&self, op: &str) -> &str {
+        self.0
+            .get(op)
+            .map_or("return redis.error_reply('no script')", String::as_str)
+    }
+}
+
+static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scripts::new(BODY));
+
+/// Runs up to `cases` cases of the model, each replayed on `body`,
+/// specialised per operation.
 fn check(
     body: &str,
     cluster: bool,
@@ -244,12 +270,13 @@ fn check(
         ..Config::default()
     });
     let serial = AtomicU64::new(0);
+    let scripts = Scripts::new(body);
     runner
         .run(&case(), |c| {
             let l = run_traced(&c, Mutant::None, true)?;
             let trace = l.trace.expect("a trace");
             let case_no = serial.fetch_add(1, Ordering::Relaxed);
-            rt.block_on(replay(&r, body, case_no, &c, &trace, counts))
+            rt.block_on(replay(&r, &scripts, case_no, &c, &trace, counts))
         })
         .map_err(|e| e.to_string())
 }
@@ -478,7 +505,8 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
             let before = &before;
             refused += 1;
             async move {
-                let got = r.eval(BODY, keys, argv.clone()).await;
+                let op = argv.first().map_or("", String::as_str);
+                let got = r.eval(SCRIPTS.of(op), keys, argv.clone()).await;
                 match got {
                     Err(e) if e.details().starts_with("BADARG ") => {}
                     other => panic!("{what}: {argv:?} answered {other:?}, not BADARG"),
@@ -602,7 +630,10 @@ fn a_malformed_call_is_refused_and_writes_nothing() {
             let (name, rest) = args(&op);
             let mut argv = vec![name.to_owned(), TTL.to_owned()];
             argv.extend(rest);
-            match r.eval(BODY, vec![key.clone()], argv.clone()).await {
+            match r
+                .eval(SCRIPTS.of(name), vec![key.clone()], argv.clone())
+                .await
+            {
                 Err(err) if err.details().starts_with(&format!("CORRUPT {k} ")) => {}
                 other => panic!("{k} = {value:?}, {argv:?} answered {other:?}, not CORRUPT {k}"),
             }
