@@ -260,13 +260,19 @@ pub fn bucket_ops(body: &str) -> Vec<&str> {
             inside = true;
         } else if inside && line == "}" {
             break;
-        } else if let Some((name, _)) = line.strip_prefix("  ").and_then(|l| l.split_once(" = {")) {
-            if inside {
-                ops.push(name);
-            }
+        } else if let Some(name) = signature(line).filter(|_| inside) {
+            ops.push(name);
         }
     }
     ops
+}
+
+/// The operation a line of lua/bucket.lua's `SIGNATURES` table is for
+/// (`  Name = { ... },`).
+fn signature(line: &str) -> Option<&str> {
+    line.strip_prefix("  ")
+        .and_then(|l| l.split_once(" = {"))
+        .map(|(name, _)| name)
 }
 
 /// lib.lua + lua/bucket.lua (`body`) cut down to what operation `op` runs:
@@ -313,12 +319,8 @@ pub fn specialize_bucket(body: &str, op: &str) -> String {
             in_signatures = true;
         } else if in_signatures && line == "}" {
             in_signatures = false;
-        } else if in_signatures {
-            if let Some((name, _)) = line.strip_prefix("  ").and_then(|l| l.split_once(" = {")) {
-                if name != op {
-                    continue;
-                }
-            }
+        } else if in_signatures && signature(line).is_some_and(|name| name != op) {
+            continue;
         }
         lines.push(line);
     }
@@ -343,7 +345,7 @@ fn cut(mut lines: Vec<&str>) -> String {
     // Functions nothing names, until none is left: a function goes when
     // every use of its name is inside itself; the words of what went no
     // longer count.
-    let blocks = local_functions(&lines);
+    let blocks = definitions(&lines);
     let block_words: Vec<Vec<&str>> = blocks
         .iter()
         .map(|(_, from, to)| {
@@ -395,7 +397,7 @@ fn one_line(line: &str) -> bool {
 /// The top-level definitions of `lines`, name, first and last line: each
 /// `local function` and each `local NAME = ...` whose value calls nothing
 /// (a table constructor over several lines ends where its braces close).
-fn local_functions<'a>(lines: &[&'a str]) -> Vec<(&'a str, usize, usize)> {
+fn definitions<'a>(lines: &[&'a str]) -> Vec<(&'a str, usize, usize)> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < lines.len() {
@@ -573,8 +575,8 @@ mod tests {
             // Every definition a remaining line names is still there
             // (comments aside).
             let body: Vec<&str> = s.body.lines().collect();
-            let kept = local_functions(&body);
-            for (name, _, _) in local_functions(&BUCKET.body.lines().collect::<Vec<_>>()) {
+            let kept = definitions(&body);
+            for (name, _, _) in definitions(&BUCKET.body.lines().collect::<Vec<_>>()) {
                 let code = |l: &&str| l.split("--").next().unwrap_or_default().to_owned();
                 let named = body.iter().enumerate().any(|(i, l)| {
                     let own = kept
