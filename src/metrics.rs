@@ -30,6 +30,7 @@ pub const REFUND_CUSTOMER_MISMATCH: &str = "deductor_refund_customer_mismatch_to
 pub const COMMITS: &str = "deductor_offset_commits_total";
 pub const TRANSACTIONS: &str = "deductor_transactions_total";
 pub const PRODUCER_RENEWALS: &str = "deductor_producer_renewals_total";
+pub const START_SKIPPED: &str = "deductor_start_skipped_records_total";
 pub const BATCH_LINES: &str = "deductor_batch_lines";
 pub const BUILD_INFO: &str = "deductor_build_info";
 pub const DLQ_REDRIVES: &str = "deductor_dlq_redrives_total";
@@ -129,6 +130,10 @@ pub fn describe() {
         PRODUCER_RENEWALS,
         "exactly_once: transactional producers replaced under the same transactional.id, by cause (fatal: librdkafka's fatal error; hung: a transaction call that did not return, or a revoke that gave up waiting for one)."
     );
+    describe_counter!(
+        START_SKIPPED,
+        "Records skipped because librdkafka started their partition below the group's committed offset (its reset after an unstable offset read); decided already."
+    );
     describe_histogram!(
         REDIS_WAIT,
         Unit::Seconds,
@@ -193,6 +198,10 @@ pub fn transaction(result: &'static str) {
 
 pub fn producer_renewal(cause: &'static str) {
     counter!(PRODUCER_RENEWALS, "cause" => cause).increment(1);
+}
+
+pub fn start_skipped() {
+    counter!(START_SKIPPED).increment(1);
 }
 
 pub fn assigned(n: usize) {

@@ -1,7 +1,7 @@
 //! TEST-ONLY (cargo feature `mutants`, never shipped): deliberately broken
 //! behaviours the chaos suite must catch (docs/reliability.md, "Mutants").
 //! The places that break are marked `#[cfg(feature = "mutants")]` where
-//! they are: `pipeline/lane.rs` (commit-early), `kafka/publisher.rs`
+//! they are: `pipeline/lane.rs` (commit-early, start-below-committed), `kafka/publisher.rs`
 //! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt, coalesce-skip-check,
 //! bucket-no-gift-memo),
 //! `kafka/transaction.rs` (boundary-commits-past-hole), `kafka/membership.rs`

@@ -7,6 +7,7 @@ pub mod membership;
 pub mod offsets;
 pub mod publisher;
 pub mod refusal;
+pub mod start;
 pub mod transaction;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

@@ -4,8 +4,8 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::message::{Message, OwnedMessage};
@@ -16,9 +16,11 @@ use tracing::Instrument;
 
 use super::steps::{Failure, Processor};
 use crate::domain::event::{self, clip, Event, InvalidEvent, MAX_ID_LEN};
+use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::headers::Incoming;
 use crate::kafka::offsets::Offsets;
 use crate::kafka::publisher::Trace;
+use crate::kafka::start;
 use crate::kafka::transaction::{Ticket, Transactions};
 use crate::metrics;
 use crate::ops::health::Status;
@@ -61,7 +63,22 @@ pub(super) struct Lane {
     pub(super) status: Arc<Status>,
     /// `exactly_once`: the open transaction.
     pub(super) txn: Option<Arc<Transactions>>,
+    /// Where the group's committed offset is read before the first event
+    /// ([`crate::kafka::start`]); `None` in unit tests.
+    pub(super) start: Option<StartCheck>,
 }
+
+/// The consumer and topic a lane reads its partition's committed offset
+/// from. Weak: a lane must not keep the consumer alive past the pipeline.
+#[derive(Clone)]
+pub(super) struct StartCheck {
+    pub(super) consumer: Weak<GroupConsumer>,
+    pub(super) topic: String,
+}
+
+/// How long one read of the committed offset may take (the broker holds
+/// an unstable one back while a transaction is open; it is asked again).
+const FLOOR_READ: Duration = Duration::from_secs(10);
 
 /// What an event holds from its start to its finish: a share of
 /// `max_in_flight`, and in `exactly_once` mode its place in the open
@@ -96,6 +113,18 @@ impl Lane {
         if let Some(p) = predecessor {
             let _ = p.await;
         }
+        // Records below the group's committed offset are decided: a start
+        // below it is librdkafka's reset, skipped here (kafka::start).
+        let floor = match self.start.clone() {
+            Some(check) => match self.floor(&check).await {
+                Some(f) => f,
+                None => return,
+            },
+            None => None,
+        };
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: starts where librdkafka says.
+        let floor = floor.filter(|_| !crate::mutants::mutant("start-below-committed"));
+        let mut skipped = 0u64;
         let generation = self.offsets.open(self.partition);
         let mut in_flight = FuturesUnordered::new();
         let mut busy: HashSet<String> = HashSet::new();
@@ -155,6 +184,20 @@ impl Lane {
                 }
                 msg = self.rx.recv(), if head.is_none() && !closed => {
                     match msg {
+                        Some(msg) if start::below_floor(floor, msg.offset()) => {
+                            if skipped == 0 {
+                                tracing::warn!(
+                                    partition = self.partition,
+                                    offset = msg.offset(),
+                                    committed = floor,
+                                    "the partition was started below the group's committed offset \
+                                     (librdkafka's reset after an unstable offset read): the \
+                                     records below it are decided already and are skipped"
+                                );
+                            }
+                            skipped += 1;
+                            metrics::start_skipped();
+                        }
                         Some(msg) => {
                             let taken = Instant::now();
                             if let Some(s) = metrics::since_record(msg.timestamp().to_millis()) {
@@ -168,6 +211,40 @@ impl Lane {
                     }
                 }
             }
+        }
+    }
+
+    /// The partition's committed offset (`Some(None)`: none), asked again
+    /// until the broker answers; `None` when the lane is stopped first.
+    async fn floor(&self, check: &StartCheck) -> Option<Option<i64>> {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let Some(consumer) = check.consumer.upgrade() else {
+                return Some(None);
+            };
+            let (topic, partition) = (check.topic.clone(), self.partition);
+            let read = tokio::task::spawn_blocking(move || {
+                start::committed_floor(&consumer, &topic, partition, FLOOR_READ)
+            });
+            let why = tokio::select! {
+                r = read => match r {
+                    Ok(Ok(floor)) => return Some(floor),
+                    Ok(Err(why)) => why,
+                    Err(e) => e.to_string(),
+                },
+                _ = self.stop.cancelled() => return None,
+            };
+            tracing::warn!(
+                partition = self.partition,
+                reason = %why,
+                "the partition's committed offset is not readable yet (a transaction holding \
+                 offsets of it is still open?): its events wait"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.stop.cancelled() => return None,
+            }
+            pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -257,6 +334,7 @@ pub(super) struct Spawner {
     pub(super) fatal: mpsc::UnboundedSender<anyhow::Error>,
     pub(super) status: Arc<Status>,
     pub(super) txn: Option<Arc<Transactions>>,
+    pub(super) start: Option<StartCheck>,
     pub(super) next_id: u64,
 }
 
@@ -279,6 +357,7 @@ impl Spawner {
             fatal: self.fatal.clone(),
             status: self.status.clone(),
             txn: self.txn.clone(),
+            start: self.start.clone(),
         };
         let join = tokio::spawn(lane.run(predecessor));
         self.next_id += 1;

@@ -271,6 +271,10 @@ pub async fn run_with_ledger(
             fatal: fatal_tx,
             status: status.clone(),
             txn: txn.clone(),
+            start: Some(lane::StartCheck {
+                consumer: Arc::downgrade(&consumer),
+                topic: settings.kafka.input_topic.clone(),
+            }),
             next_id: 0,
         },
     };

@@ -54,6 +54,7 @@ mod service {
     mod security;
     mod shutdown;
     mod slot_migration;
+    mod unstable_start;
     mod upgrade;
     mod wedged_client;
     mod zombie_fencing;

@@ -250,11 +250,12 @@ pub fn binary() -> PathBuf {
 
 /// A `deductor` command with the environment cleaned of inherited
 /// `DEDUCTOR_*` variables (the dev-stack exports some the config does not
-/// know) and set to `env`.
+/// know) and set to `env`. `DEDUCTOR_MUTANT` (scripts/check-test-mutants)
+/// is passed on: a mutant is built into the child too.
 pub fn command(env: &[(String, String)]) -> Command {
     let mut c = Command::new(binary());
     for (k, _) in std::env::vars() {
-        if k.starts_with("DEDUCTOR_") {
+        if k.starts_with("DEDUCTOR_") && k != "DEDUCTOR_MUTANT" {
             c.env_remove(&k);
         }
     }

@@ -1,0 +1,170 @@
+//! exactly_once: a partition never restarts below the group's committed
+//! offset (src/kafka/start.rs).
+//!
+//! While a transaction holds pending offsets of a partition (a process
+//! killed inside a transaction boundary leaves one open until
+//! `transaction.timeout.ms`), the broker answers a stable read of its
+//! committed offset with UNSTABLE_OFFSET_COMMIT, and librdkafka retries.
+//! When the assignment changes during those retries and the partition comes
+//! back to the same consumer, librdkafka 2.12.1 starts it with
+//! `auto.offset.reset` (earliest): every event was decided again and its
+//! outcome published a second time (the chaos suite's every-fault run:
+//! 8,805 events of one partition).
+//!
+//! Here: the service decides half the stream and commits; a transaction
+//! of another producer is left open with offsets of the partition; two
+//! rebalances (an outside member of the group joins and leaves, subscribed
+//! to another topic, so the partition stays with the service); the open
+//! transaction is aborted; the rest of the stream is produced. Every event
+//! has one outcome as a read_committed reader sees it, and the service
+//! logged the reset start it skipped (the race was met).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::common::kafka::{self, brokers, unique};
+use crate::common::service::{self, Fixture};
+use crate::common::workload::{self, Shape};
+
+const WAIT: Duration = Duration::from_secs(120);
+const SKIPPED: &str = "started below the group's committed offset";
+
+/// A consumer of `group` (joined only once it subscribes and is polled).
+fn member(group: &str) -> StreamConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "1000")
+        .create()
+        .expect("creating a consumer")
+}
+
+/// A transaction of its own producer, left open with `offset` as the
+/// pending committed offset of partition 0 of `topic` for `group`.
+async fn leave_open(group: &str, topic: &str, offset: i64) -> FutureProducer {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", unique("unstable-start"))
+        .set("transaction.timeout.ms", "120000")
+        .create()
+        .expect("creating a transactional producer");
+    // Not joined: the "no member" metadata, whose offsets the broker takes
+    // unfenced (service::zombie_fencing).
+    let metadata = member(group)
+        .group_metadata()
+        .expect("a group consumer has metadata");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Offset(offset))
+        .expect("offset");
+    tokio::task::spawn_blocking(move || {
+        let t = Duration::from_secs(30);
+        producer.init_transactions(t).expect("init_transactions");
+        producer.begin_transaction().expect("begin_transaction");
+        producer
+            .send_offsets_to_transaction(&list, &metadata, t)
+            .expect("the broker takes the offsets");
+        producer
+    })
+    .await
+    .expect("transaction task")
+}
+
+/// Waits until the service has logged `n` assignments.
+async fn assigned(child: &mut service::ChildService, n: usize, label: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.log_count("partitions assigned") < n {
+        child.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "{label}: assignment {n} within 60 s; log:\n{}",
+            child.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_reset_below_its_committed_offset_is_not_decided_again() {
+    let label = "unstable-start";
+    let f = Fixture::new(label, 1).await;
+    let ledger = f.ledger().await;
+    let w = workload::generate(
+        label,
+        &Shape {
+            orders: 200,
+            seed: 83,
+            ..Shape::default()
+        },
+    );
+    w.seed(&f, &ledger).await;
+    let half = w.items.len() / 2;
+    w.produce(&f.topics.input, 0..half).await;
+
+    let env = f.env(&[
+        ("kafka.delivery", "exactly_once"),
+        ("kafka.transaction_interval_ms", "200"),
+    ]);
+    let mut child = service::spawn(&env, &["run"]);
+    assigned(&mut child, 1, label).await;
+    let ends = kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, WAIT).await;
+    let committed = ends.get(&0).copied().expect("partition 0's end");
+
+    // Pending offsets of the partition, in a transaction left open.
+    let open = leave_open(&f.topics.group, &f.topics.input, committed).await;
+
+    // Rebalance 1: the service's read of the committed offset now meets
+    // the open transaction and is retried ...
+    let outsider = member(&f.topics.group);
+    outsider
+        .subscribe(&[&f.topics.dlq])
+        .expect("subscribing to another topic");
+    let poll = {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s = stop.clone();
+        let join = tokio::spawn(async move {
+            while !s.is_cancelled() {
+                let _ = tokio::time::timeout(Duration::from_millis(100), outsider.recv()).await;
+            }
+            drop(outsider);
+        });
+        (stop, join)
+    };
+    assigned(&mut child, 2, label).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // ... rebalance 2 (the outsider leaves) changes the assignment during
+    // those retries: librdkafka starts the partition at its beginning.
+    poll.0.cancel();
+    poll.1.await.expect("outsider task");
+    assigned(&mut child, 3, label).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::spawn_blocking(move || {
+        open.abort_transaction(Duration::from_secs(30))
+            .expect("aborting the open transaction");
+    })
+    .await
+    .expect("abort task");
+
+    w.produce(&f.topics.input, half..w.items.len()).await;
+    w.wait_done(&f, WAIT).await;
+    let skipped = child.log_count(SKIPPED);
+    let (outcomes, dlq) = service::finish_child(&f, child, WAIT).await;
+    let fig = workload::verify(label, &w, &outcomes, &dlq, &ledger).await;
+    assert_eq!(
+        fig.duplicate_outcomes, 0,
+        "{label}: one outcome per event after the reset start: {fig}"
+    );
+    assert_eq!(fig.lost, 0, "{label}: nothing lost: {fig}");
+    assert!(
+        skipped > 0,
+        "{label}: librdkafka did not start the partition below its committed offset \
+         this time (the race was not met), so the test proves nothing"
+    );
+    ledger.quit().await;
+    f.cleanup().await;
+}
