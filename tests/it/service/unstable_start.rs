@@ -89,8 +89,29 @@ async fn assigned(child: &mut service::ChildService, n: usize, label: &str) {
     }
 }
 
+/// How often the scenario is built before the test gives up on meeting the
+/// race: librdkafka's retried read must be answered after the new
+/// assignment, not in the few milliseconds between the revoke and it (3 runs
+/// of 3 met it here).
+const ATTEMPTS: u32 = 3;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_reset_below_its_committed_offset_is_not_decided_again() {
+    for attempt in 1..=ATTEMPTS {
+        if scenario(attempt).await > 0 {
+            return;
+        }
+        eprintln!("unstable-start: attempt {attempt} did not meet the race; again");
+    }
+    panic!(
+        "unstable-start: librdkafka did not start the partition below its committed offset \
+         in {ATTEMPTS} attempts (the race was not met), so the test proves nothing"
+    );
+}
+
+/// One run of the scenario (module comment); checks one outcome per event
+/// and returns how many records the service skipped below the floor.
+async fn scenario(attempt: u32) -> usize {
     let label = "unstable-start";
     let f = Fixture::new(label, 1).await;
     let ledger = f.ledger().await;
@@ -98,7 +119,7 @@ async fn a_partition_reset_below_its_committed_offset_is_not_decided_again() {
         label,
         &Shape {
             orders: 200,
-            seed: 83,
+            seed: 83 + u64::from(attempt),
             ..Shape::default()
         },
     );
@@ -160,11 +181,7 @@ async fn a_partition_reset_below_its_committed_offset_is_not_decided_again() {
         "{label}: one outcome per event after the reset start: {fig}"
     );
     assert_eq!(fig.lost, 0, "{label}: nothing lost: {fig}");
-    assert!(
-        skipped > 0,
-        "{label}: librdkafka did not start the partition below its committed offset \
-         this time (the race was not met), so the test proves nothing"
-    );
     ledger.quit().await;
     f.cleanup().await;
+    skipped
 }
