@@ -64,7 +64,7 @@ pub(super) struct Lane {
     /// `exactly_once`: the open transaction.
     pub(super) txn: Option<Arc<Transactions>>,
     /// Where the group's committed offset is read before the first event
-    /// ([`crate::kafka::start`]); `None` in unit tests.
+    /// ([`crate::kafka::start`]); `None`: the lane starts wherever librdkafka did.
     pub(super) start: Option<StartCheck>,
 }
 
