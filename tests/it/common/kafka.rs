@@ -17,9 +17,9 @@ use rdkafka::admin::{
 };
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
@@ -580,4 +580,35 @@ pub fn sources(records: &[Record]) -> BTreeSet<(i32, i64)> {
             )
         })
         .collect()
+}
+
+/// A transaction of a producer of its own (id `t-<label>-...`), opened with
+/// `offset` sent as the committed offset of partition 0 of `topic` under the
+/// group `metadata`; the caller commits or aborts it (or leaves it open).
+pub async fn offsets_in_a_transaction(
+    label: &str,
+    topic: &str,
+    metadata: ConsumerGroupMetadata,
+    offset: i64,
+) -> FutureProducer {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", unique(label))
+        .set("transaction.timeout.ms", "120000")
+        .create()
+        .expect("creating a transactional producer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Offset(offset))
+        .expect("offset");
+    tokio::task::spawn_blocking(move || {
+        let t = Duration::from_secs(30);
+        producer.init_transactions(t).expect("init_transactions");
+        producer.begin_transaction().expect("begin_transaction");
+        producer
+            .send_offsets_to_transaction(&list, &metadata, t)
+            .expect("the broker takes the offsets");
+        producer
+    })
+    .await
+    .expect("transaction task")
 }

@@ -352,12 +352,18 @@ impl ChildService {
     /// Waits until the output contains `needle`; fails the test if the
     /// process exits or `within` passes first.
     pub async fn wait_for_log(&mut self, needle: &str, within: Duration) {
+        self.wait_for_log_count(needle, 1, within).await;
+    }
+
+    /// Waits until the output contains `needle` `n` times; fails the test if
+    /// the process exits or `within` passes first.
+    pub async fn wait_for_log_count(&mut self, needle: &str, n: usize, within: Duration) {
         let deadline = Instant::now() + within;
-        while self.log_count(needle) == 0 {
+        while self.log_count(needle) < n {
             self.assert_running();
             assert!(
                 Instant::now() < deadline,
-                "no {needle:?} in the output after {within:?}; log:\n{}",
+                "{n} x {needle:?} not in the output after {within:?}; log:\n{}",
                 self.log_tail(40)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;

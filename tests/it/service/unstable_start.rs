@@ -19,14 +19,13 @@
 //! has one outcome as a read_committed reader sees it, and the service
 //! logged the reset start it skipped (the race was met).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 
-use crate::common::kafka::{self, brokers, unique};
+use crate::common::kafka::{self, brokers};
 use crate::common::service::{self, Fixture};
 use crate::common::workload::{self, Shape};
 
@@ -48,45 +47,19 @@ fn member(group: &str) -> StreamConsumer {
 /// A transaction of its own producer, left open with `offset` as the
 /// pending committed offset of partition 0 of `topic` for `group`.
 async fn leave_open(group: &str, topic: &str, offset: i64) -> FutureProducer {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("transactional.id", unique("unstable-start"))
-        .set("transaction.timeout.ms", "120000")
-        .create()
-        .expect("creating a transactional producer");
     // Not joined: the "no member" metadata, whose offsets the broker takes
     // unfenced (service::zombie_fencing).
     let metadata = member(group)
         .group_metadata()
         .expect("a group consumer has metadata");
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Offset(offset))
-        .expect("offset");
-    tokio::task::spawn_blocking(move || {
-        let t = Duration::from_secs(30);
-        producer.init_transactions(t).expect("init_transactions");
-        producer.begin_transaction().expect("begin_transaction");
-        producer
-            .send_offsets_to_transaction(&list, &metadata, t)
-            .expect("the broker takes the offsets");
-        producer
-    })
-    .await
-    .expect("transaction task")
+    kafka::offsets_in_a_transaction("unstable-start", topic, metadata, offset).await
 }
 
 /// Waits until the service has logged `n` assignments.
-async fn assigned(child: &mut service::ChildService, n: usize, label: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.log_count("partitions assigned") < n {
-        child.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "{label}: assignment {n} within 60 s; log:\n{}",
-            child.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn assigned(child: &mut service::ChildService, n: usize) {
+    child
+        .wait_for_log_count("partitions assigned", n, Duration::from_secs(60))
+        .await;
 }
 
 /// How often the scenario is built before the test gives up on meeting the
@@ -132,7 +105,7 @@ async fn scenario(attempt: u32) -> usize {
         ("kafka.transaction_interval_ms", "200"),
     ]);
     let mut child = service::spawn(&env, &["run"]);
-    assigned(&mut child, 1, label).await;
+    assigned(&mut child, 1).await;
     let ends = kafka::wait_committed_to_end(&f.topics.group, &f.topics.input, 1, WAIT).await;
     let committed = ends.get(&0).copied().expect("partition 0's end");
 
@@ -156,13 +129,13 @@ async fn scenario(attempt: u32) -> usize {
         });
         (stop, join)
     };
-    assigned(&mut child, 2, label).await;
+    assigned(&mut child, 2).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // ... rebalance 2 (the outsider leaves) changes the assignment during
     // those retries: librdkafka starts the partition at its beginning.
     poll.0.cancel();
     poll.1.await.expect("outsider task");
-    assigned(&mut child, 3, label).await;
+    assigned(&mut child, 3).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     tokio::task::spawn_blocking(move || {
         open.abort_transaction(Duration::from_secs(30))

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 use deductor::kafka::membership::{current, fenceable_metadata};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::producer::{FutureProducer, Producer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::Producer;
 
-use crate::common::kafka::{brokers, committed, fresh_topics, unique};
+use crate::common::kafka::{brokers, committed, fresh_topics, offsets_in_a_transaction};
 
 fn consumer(group: &str) -> StreamConsumer {
     ClientConfig::new()
@@ -29,23 +28,12 @@ fn consumer(group: &str) -> StreamConsumer {
 /// Sends `offset` for partition 0 of `topic` in one committed transaction
 /// with the metadata of `by`.
 async fn commit_in_a_transaction(topic: &str, by: &StreamConsumer, offset: i64) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("transactional.id", unique("fence-tx"))
-        .create()
-        .expect("creating a transactional producer");
     let metadata = by.group_metadata().expect("a group consumer has metadata");
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, 0, Offset::Offset(offset))
-        .expect("offset");
+    let producer = offsets_in_a_transaction("fence-tx", topic, metadata, offset).await;
     tokio::task::spawn_blocking(move || {
-        let t = Duration::from_secs(30);
-        producer.init_transactions(t).expect("init_transactions");
-        producer.begin_transaction().expect("begin_transaction");
         producer
-            .send_offsets_to_transaction(&list, &metadata, t)
-            .expect("the broker takes the offsets");
-        producer.commit_transaction(t).expect("commit_transaction");
+            .commit_transaction(Duration::from_secs(30))
+            .expect("commit_transaction");
     })
     .await
     .expect("transaction task");
