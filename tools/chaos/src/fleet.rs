@@ -50,8 +50,9 @@ pub struct FleetStats {
     pub bad_term_exits: Vec<String>,
     /// Processes that exited without being told to while running (must be none).
     pub unexpected_exits: Vec<String>,
-    /// The last lines of each such process's log, for the evidence: the
-    /// exit's own line alone rarely tells why.
+    /// The last lines of each such process's log, and of each SIGTERMed
+    /// one that did not exit 0 in time, for the evidence: the exit's own
+    /// line alone rarely tells why.
     pub unexpected_tails: Vec<String>,
     /// Processes that refused to start because Redis was unreachable (exit 1
     /// with "connecting to Redis"): the service fails fast at startup; they
@@ -249,9 +250,11 @@ impl Fleet {
             match self.slots[i].state {
                 State::Leaving => {
                     if !status.success() {
-                        self.stats
-                            .bad_term_exits
-                            .push(format!("consumer-{i}.{started}: {status}"));
+                        let what = format!("consumer-{i}.{started}: {status} after SIGTERM");
+                        let log = self.logs.join(format!("consumer-{i}.{started}.log"));
+                        let text = std::fs::read_to_string(&log).unwrap_or_default();
+                        self.stats.unexpected_tails.push(tail(&text, &what, 12));
+                        self.stats.bad_term_exits.push(what);
                     }
                     self.slots[i].state = State::Off;
                 }
@@ -287,6 +290,12 @@ impl Fleet {
     /// Terminates every process and waits (SIGKILL after `grace`).
     pub async fn stop_all(&mut self, grace: Duration) -> anyhow::Result<()> {
         for i in 0..self.slots.len() {
+            // A process that exited unasked moments ago is not restarted now:
+            // [`Fleet::poll`] below would start it untold to leave, and it
+            // would count as not stopping in time.
+            if matches!(self.slots[i].state, State::Crashed(_)) {
+                self.slots[i].state = State::Off;
+            }
             if self.slots[i].child.is_some() && !self.leaving(i) {
                 self.terminate(i);
             }
@@ -297,9 +306,10 @@ impl Fleet {
             if Instant::now() > deadline {
                 for i in 0..self.slots.len() {
                     if self.slots[i].child.is_some() {
-                        self.stats.bad_term_exits.push(format!(
-                            "consumer-{i}: still running {grace:?} after SIGTERM"
-                        ));
+                        let what = format!("consumer-{i}: still running {grace:?} after SIGTERM");
+                        let text = std::fs::read_to_string(self.log_of(i)).unwrap_or_default();
+                        self.stats.unexpected_tails.push(tail(&text, &what, 12));
+                        self.stats.bad_term_exits.push(what);
                         self.kill(i);
                     }
                 }
