@@ -183,6 +183,23 @@ fn metadata_consumer() -> BaseConsumer {
         .expect("creating a Kafka client")
 }
 
+/// A consumer of `group` (auto commit off) with the given session timeout
+/// (heartbeats a sixth of it, at most librdkafka's default 3 s): a member
+/// the tests join, leave or take metadata from.
+pub fn group_member(group: &str, session_timeout_ms: u32) -> StreamConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", session_timeout_ms.to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (session_timeout_ms / 6).clamp(100, 3000).to_string(),
+        )
+        .create()
+        .expect("creating a group consumer")
+}
+
 /// An idempotent, `acks=all` producer, shared by the tests of a binary.
 pub fn producer() -> FutureProducer {
     static PRODUCER: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();

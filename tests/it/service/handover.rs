@@ -166,14 +166,7 @@ async fn handover(label: &str, assignor: Option<&str>, trigger: Trigger) {
         // A second member of the group, subscribed to another topic: the
         // eager rebalance revokes the input partition and assigns it back.
         Trigger::SecondMember => {
-            let other: Arc<StreamConsumer> = Arc::new(
-                rdkafka::config::ClientConfig::new()
-                    .set("bootstrap.servers", kafka::brokers())
-                    .set("group.id", &f.topics.group)
-                    .set("enable.auto.commit", "false")
-                    .create()
-                    .expect("a second member"),
-            );
+            let other: Arc<StreamConsumer> = Arc::new(kafka::group_member(&f.topics.group, 45_000));
             other.subscribe(&[&f.topics.outcome]).unwrap();
             Some(tokio::spawn(async move {
                 loop {
@@ -284,15 +277,7 @@ async fn lanes_replaced_again_and_again_commit_only_finished_events() {
     let done = || a.status.events_done.load(Ordering::Relaxed) as u64;
     let mut cycles = 0;
     while cycles < 6 && done() < total * 3 / 4 {
-        let other: Arc<StreamConsumer> = Arc::new(
-            rdkafka::config::ClientConfig::new()
-                .set("bootstrap.servers", kafka::brokers())
-                .set("group.id", &f.topics.group)
-                .set("enable.auto.commit", "false")
-                .set("session.timeout.ms", "6000")
-                .create()
-                .expect("a second member"),
-        );
+        let other: Arc<StreamConsumer> = Arc::new(kafka::group_member(&f.topics.group, 6000));
         other.subscribe(&[&f.topics.outcome]).unwrap();
         let polling = {
             let c = other.clone();

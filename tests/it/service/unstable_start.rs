@@ -21,35 +21,22 @@
 
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, Producer};
 
-use crate::common::kafka::{self, brokers};
+use crate::common::kafka;
 use crate::common::service::{self, Fixture};
 use crate::common::workload::{self, Shape};
 
 const WAIT: Duration = Duration::from_secs(120);
 const SKIPPED: &str = "started below the group's committed offset";
 
-/// A consumer of `group` (joined only once it subscribes and is polled).
-fn member(group: &str) -> StreamConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "1000")
-        .create()
-        .expect("creating a consumer")
-}
-
 /// A transaction of its own producer, left open with `offset` as the
 /// pending committed offset of partition 0 of `topic` for `group`.
 async fn leave_open(group: &str, topic: &str, offset: i64) -> FutureProducer {
     // Not joined: the "no member" metadata, whose offsets the broker takes
     // unfenced (service::zombie_fencing).
-    let metadata = member(group)
+    let metadata = kafka::group_member(group, 6000)
         .group_metadata()
         .expect("a group consumer has metadata");
     kafka::offsets_in_a_transaction("unstable-start", topic, metadata, offset).await
@@ -114,7 +101,7 @@ async fn scenario(attempt: u32) -> usize {
 
     // Rebalance 1: the service's read of the committed offset now meets
     // the open transaction and is retried ...
-    let outsider = member(&f.topics.group);
+    let outsider = kafka::group_member(&f.topics.group, 6000);
     outsider
         .subscribe(&[&f.topics.dlq])
         .expect("subscribing to another topic");

@@ -9,21 +9,10 @@
 use std::time::{Duration, Instant};
 
 use deductor::kafka::membership::{current, fenceable_metadata};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::Producer;
 
-use crate::common::kafka::{brokers, committed, fresh_topics, offsets_in_a_transaction};
-
-fn consumer(group: &str) -> StreamConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("session.timeout.ms", "10000")
-        .create()
-        .expect("creating a consumer")
-}
+use crate::common::kafka::{committed, fresh_topics, group_member, offsets_in_a_transaction};
 
 /// Sends `offset` for partition 0 of `topic` in one committed transaction
 /// with the metadata of `by`.
@@ -50,7 +39,7 @@ async fn offsets_go_only_with_a_live_membership() {
     let group = topics.group.clone();
 
     // A live member that owns the partition.
-    let live = consumer(&group);
+    let live = group_member(&group, 10_000);
     live.subscribe(&[&topics.input]).expect("subscribe");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !current(&live).is_some_and(|m| m.fences())
@@ -62,7 +51,7 @@ async fn offsets_go_only_with_a_live_membership() {
 
     // A consumer of the same group that holds no membership: the sentinel
     // a lost membership leaves.
-    let gone = consumer(&group);
+    let gone = group_member(&group, 10_000);
     let m = current(&gone).expect("a group consumer has membership data");
     assert!(
         m.id.is_empty() && m.generation < 0,
