@@ -110,22 +110,46 @@ local COUNTERS = { 'budget', 'stock', 'held_budget', 'held_stock', 'set_budget',
 local function read_bucket()
   local h = read_hash(B)
   if h == nil then fail('NOBUCKET ' .. B) end
-  local k = {}
+  -- k.stored: the counters as the hash holds them (nil: absent), for save.
+  local k, stored = {}, {}
   for _, f in ipairs(COUNTERS) do
-    local v = h[f] or '0'
-    if not canonical(v) then return nil, h end
-    k[f] = tonumber(v)
+    local v = h[f]
+    if v == nil then
+      k[f] = 0
+    else
+      if not canonical(v) then return nil, h end
+      k[f] = tonumber(v)
+      stored[f] = k[f]
+    end
   end
+  k.stored = stored
   k.avail = U(k.budget, k.stock)
   k.held = U(k.held_budget, k.held_stock)
   k.set = U(k.set_budget, k.set_stock)
   return k, h
 end
+-- Adds field f = v to the HSET arguments `args` when the hash holds
+-- another value (or none).
+local function changed(args, stored, f, v)
+  if v ~= stored[f] then
+    args[#args + 1] = f
+    args[#args + 1] = int(v)
+    stored[f] = v
+  end
+end
+-- Writes the counters that differ from what the hash holds (an absent one
+-- included): the same hash as writing all eight, in fewer arguments.
 local function save(k)
-  redis.call('HSET', B, 'budget', int(k.avail[1]), 'stock', int(k.avail[2]),
-    'held_budget', int(k.held[1]), 'held_stock', int(k.held[2]),
-    'set_budget', int(k.set[1]), 'set_stock', int(k.set[2]),
-    'incr', int(k.incr), 'notify', int(k.notify))
+  local args, st = {}, k.stored
+  changed(args, st, 'budget', k.avail[1])
+  changed(args, st, 'stock', k.avail[2])
+  changed(args, st, 'held_budget', k.held[1])
+  changed(args, st, 'held_stock', k.held[2])
+  changed(args, st, 'set_budget', k.set[1])
+  changed(args, st, 'set_stock', k.set[2])
+  changed(args, st, 'incr', k.incr)
+  changed(args, st, 'notify', k.notify)
+  if #args > 0 then redis.call('HSET', B, unpack(args)) end
 end
 local function config(h, field)
   local v = h[field]
@@ -252,22 +276,22 @@ local function decided_reply(reason, units, cr)
   return { 'decided', reason, int(units[1]), int(units[2]), cr }
 end
 
--- An earlier decision at this bucket: its memo, or its record.
+-- An earlier decision at this bucket: its memo, or its record; and the
+-- record as read (nil when there is none or a memo answered).
 local function decided(e)
   local m = memo(e)
-  if m ~= nil then return decided_reply(m, ZERO, '') end
+  if m ~= nil then return decided_reply(m, ZERO, ''), nil end
   local r = record(e)
-  if r and (r.state == 'd' or r.state == 'v') then return decided_reply('accepted', r.units, r.cr) end
-  if r and r.state == 'r' then return decided_reply('released', ZERO, r.cr) end
-  return nil
+  if r and (r.state == 'd' or r.state == 'v') then return decided_reply('accepted', r.units, r.cr), r end
+  if r and r.state == 'r' then return decided_reply('released', ZERO, r.cr), r end
+  return nil, r
 end
 
 -- decided(), then a tombstone (rejected order_reverted, remembered), then a
 -- tentative deduction waiting for its reservation.
 local function home_checks(e)
-  local d = decided(e)
+  local d, r = decided(e)
   if d then return d end
-  local r = record(e)
   if r and r.state == 'x' then
     put(B .. ':rejected:' .. e, 'order_reverted')
     return decided_reply('order_reverted', ZERO, '')
@@ -281,8 +305,8 @@ local function decide_corrupt(e)
   return decided_reply('corrupt_promotion', ZERO, '')
 end
 
-local function settle(k, e)
-  local r = record(e)
+-- The tentative deduction `r` of event e (its record as read) made final.
+local function settle(k, e, r)
   if r == nil or r.state ~= 't' then return { 'restart' } end
   k.set = sub(k.set, r.own)
   save(k)
@@ -290,16 +314,21 @@ local function settle(k, e)
   return decided_reply('accepted', r.units, r.cr)
 end
 
+-- Takes `own` of this bucket's units for the line: set aside for its
+-- reservation under a per-customer limit, else deducted there and then (the
+-- same keys as setting aside and settling at once).
 local function take(k, h, e, c, units, own, cr)
   local limited = config(h, 'per_customer') ~= nil
   k.avail = sub(k.avail, own)
-  k.set = add(k.set, own)
-  put_record(e, { state = 't', customer = c, units = units, own = own, cr = cr })
   if limited then
+    k.set = add(k.set, own)
+    put_record(e, { state = 't', customer = c, units = units, own = own, cr = cr })
     save(k)
     return { 'tentative' }
   end
-  return settle(k, e)
+  save(k)
+  put_record(e, { state = 'd', customer = c, units = units, cr = cr })
+  return decided_reply('accepted', units, cr)
 end
 
 local function bounds_str(h, kk)
@@ -504,20 +533,19 @@ end
 
 -- Settle E
 function OPS.Settle(e)
-  local d = decided(e)
+  local d, r = decided(e)
   if d then return d end
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  return settle(k, e)
+  return settle(k, e, r)
 end
 
 -- Undo E
 function OPS.Undo(e)
-  local d = decided(e)
+  local d, r = decided(e)
   if d then return d end
   local k = read_bucket()
   if k == nil then return { 'corrupt' } end
-  local r = record(e)
   if r == nil or r.state ~= 't' then return { 'restart' } end
   redis.call('DEL', B .. ':order:' .. e)
   k.set = sub(k.set, r.own)
