@@ -226,6 +226,13 @@ impl Fleet {
             .join(format!("consumer-{i}.{}.log", self.slots[i].started))
     }
 
+    /// Keeps `what` with the last 12 lines of slot `i`'s log, for the
+    /// evidence of a stop that went wrong.
+    fn keep_tail(&mut self, i: usize, what: &str) {
+        let text = std::fs::read_to_string(self.log_of(i)).unwrap_or_default();
+        self.stats.unexpected_tails.push(tail(&text, what, 12));
+    }
+
     pub fn is_off(&self, i: usize) -> bool {
         self.slots[i].state == State::Off
     }
@@ -251,9 +258,7 @@ impl Fleet {
                 State::Leaving => {
                     if !status.success() {
                         let what = format!("consumer-{i}.{started}: {status} after SIGTERM");
-                        let log = self.logs.join(format!("consumer-{i}.{started}.log"));
-                        let text = std::fs::read_to_string(&log).unwrap_or_default();
-                        self.stats.unexpected_tails.push(tail(&text, &what, 12));
+                        self.keep_tail(i, &what);
                         self.stats.bad_term_exits.push(what);
                     }
                     self.slots[i].state = State::Off;
@@ -307,8 +312,7 @@ impl Fleet {
                 for i in 0..self.slots.len() {
                     if self.slots[i].child.is_some() {
                         let what = format!("consumer-{i}: still running {grace:?} after SIGTERM");
-                        let text = std::fs::read_to_string(self.log_of(i)).unwrap_or_default();
-                        self.stats.unexpected_tails.push(tail(&text, &what, 12));
+                        self.keep_tail(i, &what);
                         self.stats.bad_term_exits.push(what);
                         self.kill(i);
                     }
