@@ -168,7 +168,7 @@ local function main()
   if promo.per_customer and used >= promo.per_customer then return reject('user_limit_reached') end
 
   -- 6. Write. First the new record's order id in the day's index (lib.lua).
-  index_record(KEYS[5], ARGV[8], ARGV[9], guarded)
+  index_record(KEYS[5], ARGV[8], ARGV[9], record_ttl, guarded)
   -- The record says whom it counted for and from which incarnation it took.
   if promo.budget then promo.budget = redis.call('HINCRBY', k_promo, 'budget', int(-b)) end
   if promo.stock then promo.stock = redis.call('HINCRBY', k_promo, 'stock', int(-s)) end

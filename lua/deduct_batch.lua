@@ -50,8 +50,9 @@
 -- batch that adds to an index key adds its order id at once, as its first write,
 -- and raises the set's TTL (lib.lua's rule); the later fresh lines of the same
 -- key only note their order ids, added by one SADD after the last line (the set
--- is known to be a set by then, and a TTL raised again within one call would be
--- the same). A line handed to deduct.lua's body indexes its record itself.
+-- is known to be a set by then, and the rule, judged again within one call with
+-- the same TTLs, would leave the TTL as it is; a line with other TTLs is judged
+-- again). A line handed to deduct.lua's body indexes its record itself.
 --
 -- Loaded as lua/lib.lua, then `local function deduct_one(KEYS, ARGV, read_promotion,
 -- redis)` around lua/deduct.lua, then this file (src/ledger/scripts.rs).
@@ -134,12 +135,14 @@ local batch_redis = setmetatable({
   end,
 }, { __index = redis })
 
--- index key -> the order ids of the later fresh lines, added after the last line
-local index_pending, index_keys = {}, {}
+-- index key -> the order ids of the later fresh lines, added after the last line;
+-- and -> the index and record TTLs (ARGV texts) its TTL was last judged against
+local index_pending, index_keys, index_ttls = {}, {}, {}
 
 -- Argument texts already found canonical in this call: a batch repeats its TTLs,
--- amounts and times on every line.
-local ok_num = {}
+-- amounts and times on every line. `ok_time` the same for business times, which
+-- may be negative (`signed`); kept apart, as a negative text is no amount.
+local ok_num, ok_time = {}, {}
 local function num(v)
   if ok_num[v] then return true end
   if canonical(v) then
@@ -148,23 +151,32 @@ local function num(v)
   end
   return false
 end
+local function time_ok(t)
+  if ok_time[t] then return true end
+  if signed(t) then
+    ok_time[t] = true
+    return true
+  end
+  return false
+end
 
 -- Whether line i's arguments (ARGV[ab+1 .. ab+na]) pass deduct.lua's checks; the
 -- line that does not is handed to deduct.lua, which names the first bad one.
-local IDS2 = '^' .. ID_RUN .. ' ' .. ID_RUN .. '$'
-local IDS3 = '^' .. ID_RUN .. ' ' .. ID_RUN .. ' ' .. ID_RUN .. '$'
 local function valid_args(ab)
-  local t, e, c = ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 7]
-  if not (num(ARGV[ab + 1]) and num(ARGV[ab + 2]) and (ok_num[t] or signed(t))
+  local t = ARGV[ab + 3]
+  if not (num(ARGV[ab + 1]) and num(ARGV[ab + 2]) and (ok_num[t] or time_ok(t))
       and ARGV[ab + 5] ~= '0' and num(ARGV[ab + 5]) and ARGV[ab + 6] ~= '0' and num(ARGV[ab + 6])) then
     return false
   end
-  -- The ids (event, customer, order: new on most lines) in one match.
-  if #e < 1 or #e > 64 or #c < 1 or #c > 64 then return false end
-  if na == 7 then return find(e .. ' ' .. c, IDS2) ~= nil end
+  -- The ids (event, customer, order: new on most lines), each matched on its
+  -- own, inline: what lib.lua's event_id checks (an ARGV element is a string,
+  -- and the pattern needs one character), without a call a line, and without
+  -- joining the three into a new string to match once (both cost more).
+  local e, c = ARGV[ab + 4], ARGV[ab + 7]
+  if #e > 64 or #c > 64 or not find(e, EVENT_ID) or not find(c, EVENT_ID) then return false end
+  if na == 7 then return true end
   local o = ARGV[ab + 8]
-  return #o >= 1 and #o <= 64 and find(e .. ' ' .. c .. ' ' .. o, IDS3) ~= nil
-    and ARGV[ab + 9] ~= '0' and num(ARGV[ab + 9])
+  return #o <= 64 and find(o, EVENT_ID) ~= nil and ARGV[ab + 9] ~= '0' and num(ARGV[ab + 9])
 end
 
 -- A fresh line (keys KEYS[kb+1 ..], arguments ARGV[ab+1 ..]) decided as deduct.lua
@@ -209,15 +221,23 @@ local function fresh(kb, ab)
   if nk == 5 then
     local k_index = KEYS[kb + 5]
     local pending = index_pending[k_index]
+    local ttl, rttl = ARGV[ab + 9], ARGV[ab + 5]
     if pending then
       pending[#pending + 1] = ARGV[ab + 8]
+      -- (Other TTLs than the line that raised it: lib.lua's rule for these too.)
+      local judged = index_ttls[k_index]
+      if judged[1] ~= ttl or judged[2] ~= rttl then
+        raise_index_ttl(k_index, ttl, rttl)
+        index_ttls[k_index] = { ttl, rttl }
+      end
     else
       -- Another type (corrupt) or a refusal (OOM, NOPERM): nothing written yet,
       -- deduct.lua's body meets it again and answers as it does.
       local r = redis.pcall('SADD', k_index, ARGV[ab + 8])
       if type(r) == 'table' then return nil end
-      raise_index_ttl(k_index, ARGV[ab + 9])
+      raise_index_ttl(k_index, ttl, rttl)
       index_pending[k_index] = {}
+      index_ttls[k_index] = { ttl, rttl }
       index_keys[#index_keys + 1] = k_index
     end
   end

@@ -47,10 +47,9 @@ local function signed(s)
   return canonical(s)
 end
 
--- An event id as CONTRACT.md section 1 allows it (ID_RUN: its characters,
--- one or more; deduct_batch.lua matches several ids at once with it).
-local ID_RUN = '[A-Za-z0-9_.-]+'
-local EVENT_ID = '^' .. ID_RUN .. '$'
+-- An event id as CONTRACT.md section 1 allows it (so also a customer, order
+-- or promotion id).
+local EVENT_ID = '^[A-Za-z0-9_.-]+$'
 local function event_id(s)
   return type(s) == 'string' and #s >= 1 and #s <= 64 and find(s, EVENT_ID) ~= nil
 end
@@ -220,18 +219,27 @@ local function write_record(key, h, ttl)
 end
 
 -- Adds a new record's order id to its day index promo:{P}:index:<D> (KEYS[5] of
--- deduct.lua and rollback.lua on a standalone server; nil: none kept), whose TTL only
--- grows (GT leaves a set without a TTL alone: a new one gets it with NX), so the set
--- outlives every record it names. Called before the record's other writes: a refusal
--- (OOM, NOPERM) ends the line before anything is written, and an index of another
--- type is corrupt data, remembered by `guarded` like any other.
-local function raise_index_ttl(key, ttl)
+-- deduct.lua and rollback.lua on a standalone server; nil: none kept), so that the
+-- set outlives every record it names: when the set's time to live is below the new
+-- record's (`record_ttl`, seconds), or it has none, it is raised to `ttl` (the
+-- record's TTL plus a day), and only ever raised (GT leaves a set without a TTL
+-- alone: a new one gets it with NX). A set that already outlives the record is
+-- left as it is: one read (PTTL) instead of a write on most calls, as a day's
+-- index is raised a day ahead of its records when it is made. (A Redis user
+-- whose ACL predates this rule may be refused PTTL: the TTL is then raised as
+-- it was before, on every call.) Called before the
+-- record's other writes: a refusal (OOM, NOPERM) ends the line before anything is
+-- written, and an index of another type is corrupt data, remembered by `guarded`
+-- like any other.
+local function raise_index_ttl(key, ttl, record_ttl)
+  local left = redis.pcall('PTTL', key)
+  if type(left) == 'number' and left >= 0 and left >= tonumber(record_ttl) * 1000 then return end
   if redis.call('EXPIRE', key, ttl, 'GT') == 0 then redis.call('EXPIRE', key, ttl, 'NX') end
 end
-local function index_record(key, order, ttl, guarded)
+local function index_record(key, order, ttl, record_ttl, guarded)
   if not key then return end
   guarded(function() wrong_type(key, redis.pcall('SADD', key, order)) end)
-  raise_index_ttl(key, ttl)
+  raise_index_ttl(key, ttl, record_ttl)
 end
 
 -- promo:{P}:order:{O}: nil when absent. Besides the amounts, a record may hold

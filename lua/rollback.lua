@@ -121,7 +121,7 @@ local function main()
   -- 2. Nothing deducted: leave a tombstone (holding this result) so that a late
   -- placement of this order is rejected order_reverted instead of deducted.
   if not rec then
-    index_record(KEYS[5], ARGV[7], ARGV[8], guarded)
+    index_record(KEYS[5], ARGV[7], ARGV[8], record_ttl, guarded)
     rec = { fields = { state = 'reverted', budget = '0', stock = '0', budget0 = '0', stock0 = '0' } }
     return reject('no_deduction', record_ttl)
   end

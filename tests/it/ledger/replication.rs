@@ -129,7 +129,7 @@ async fn sentinel_url_with_credentials_connects_and_deducts() {
 
 /// The service user of docs/operations.md (as in tests/it/service/security/redis_acl.rs).
 const SERVICE_ACL: &str = "resetchannels -@all +evalsha +eval +script|load +ping +info \
-    +get +set +del +decr +hgetall +hset +hincrby +sadd +expire";
+    +get +set +del +decr +hgetall +hset +hincrby +sadd +expire +pttl";
 /// What the gate and Sentinel add on the data nodes, and the sentinels' user.
 const GATE_ACL: &str = "+wait +client|id";
 const SENTINEL_DATA_ACL: &str = "+role";

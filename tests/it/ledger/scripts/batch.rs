@@ -47,20 +47,38 @@ fn line(r: &TestRedis, i: usize, rng: &mut StdRng) -> Call {
         &id(&format!("c{c}")),
         &id(&format!("e{e}")),
     );
-    let budget = if rng.random_bool(0.03) {
-        "07".to_owned() // not canonical: BADARG
-    } else {
-        rng.random_range(0..20).to_string()
-    };
-    let args = [
-        budget,
+    // A business time before 1970 now and then (valid: signed).
+    let t = if rng.random_bool(0.05) { -T } else { T };
+    let mut args = [
+        rng.random_range(0..20).to_string(),
         rng.random_range(0..3).to_string(),
-        T.to_string(),
+        t.to_string(),
         format!("e{e}"),
         "1000".into(),
         "1000".into(),
         format!("c{c}"),
     ];
+    // Now and then one argument replaced: malformed (a BADARG of deduct.lua:
+    // an amount, a business time, an id, a TTL), or an id at the longest allowed.
+    if rng.random_bool(0.08) {
+        let longest = "x".repeat(64);
+        let too_long = "x".repeat(65);
+        let cases: [(usize, &str); 11] = [
+            (0, "07"),
+            (1, "-1"),
+            (2, "-0"),
+            (2, "1e3"),
+            (3, "e\u{e9}"),
+            (3, &too_long),
+            (3, &longest),
+            (6, "c:1"),
+            (6, ""),
+            (6, &longest),
+            (4, "0"),
+        ];
+        let (i, v) = cases[rng.random_range(0..cases.len())];
+        args[i] = v.to_owned();
+    }
     Call {
         script: &scripts::DEDUCT,
         keys: k.as_vec(),

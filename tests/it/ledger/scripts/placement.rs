@@ -326,3 +326,181 @@ async fn large_amounts_stay_exact() {
         Some("999999999999999")
     );
 }
+
+/// The day index's TTL (docs/contract.md section 2): deduct.lua, a batch
+/// of deduct_batch.lua and rollback.lua's tombstone raise it to the index
+/// TTL when it is below the new record's TTL or absent, leave it when it
+/// already outlives the record (no write), and never lower it.
+#[tokio::test]
+async fn the_day_index_ttl_is_raised_only_below_the_records() {
+    use deductor::ledger::calls::{self, Call};
+    use deductor::ledger::scripts;
+    use fred::prelude::Value;
+
+    let r = standalone().await;
+    seed_limited(&r, "p", "9").await;
+    let (record_ttl, index_ttl) = (1_000_i64, 2_000_i64);
+    let index = r.keys().index(&id("p"), 20_000);
+    let deduct = |n: usize| -> Call {
+        let (o, e, c) = (format!("o{n}"), format!("e{n}"), format!("c{n}"));
+        let mut keys = r
+            .keys()
+            .deduct_line(&id("p"), &id(&o), &id(&c), &id(&e))
+            .as_vec();
+        keys.push(index.clone());
+        Call {
+            script: &scripts::DEDUCT,
+            keys,
+            args: vec![
+                "1".into(),
+                "0".into(),
+                T.to_string(),
+                e,
+                record_ttl.to_string(),
+                "500".into(),
+                c,
+                o,
+                index_ttl.to_string(),
+            ],
+        }
+    };
+    let tombstone = |n: usize| -> Call {
+        let (o, e, c) = (format!("o{n}"), format!("r{n}"), format!("c{n}"));
+        let mut keys = r
+            .keys()
+            .rollback_line(&id("p"), &id(&o), &id(&c), &id(&e))
+            .as_vec();
+        keys.push(index.clone());
+        Call {
+            script: &scripts::ROLLBACK,
+            keys,
+            args: vec![
+                String::new(),
+                String::new(),
+                record_ttl.to_string(),
+                "500".into(),
+                e,
+                c,
+                o,
+                index_ttl.to_string(),
+            ],
+        }
+    };
+    let mut n = 0;
+    for how in ["deduct", "batch", "batch of two", "tombstone"] {
+        // (the index's TTL before, in ms, or -1 for none; whether it is raised)
+        for (before, raised) in [
+            (-1, true),
+            (record_ttl * 1000 - 5_000, true),
+            (record_ttl * 1000 + 5_000, false),
+            (index_ttl * 1000 * 2, false),
+        ] {
+            let mut calls = Vec::new();
+            for _ in 0..(if how == "batch of two" { 2 } else { 1 }) {
+                n += 1;
+                calls.push(if how == "tombstone" {
+                    tombstone(n)
+                } else {
+                    deduct(n)
+                });
+            }
+            let call = if how.starts_with("batch") {
+                calls::deduct_batch(calls)
+            } else {
+                calls.remove(0)
+            };
+            let set = if before < 0 {
+                "redis.call('SADD', KEYS[1], 'x'); return redis.call('PERSIST', KEYS[1])"
+            } else {
+                "redis.call('SADD', KEYS[1], 'x'); return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+            };
+            r.eval(set, vec![index.clone()], vec![before.max(0).to_string()])
+                .await
+                .expect("set the index's TTL");
+            let reply = r
+                .eval(call.script.body, call.keys, call.args)
+                .await
+                .unwrap_or_else(|e| panic!("{how}: {e}"));
+            assert!(
+                !format!("{reply:?}").contains("rejected") || how == "tombstone",
+                "{how}: {reply:?}"
+            );
+            let after = match r
+                .eval(
+                    "return redis.call('PTTL', KEYS[1])",
+                    vec![index.clone()],
+                    vec![],
+                )
+                .await
+                .expect("pttl")
+            {
+                Value::Integer(ms) => ms,
+                v => panic!("PTTL {v:?}"),
+            };
+            let what = format!("{how}, index TTL {before} ms before: {after} ms after");
+            if raised {
+                assert!(
+                    after > index_ttl * 1000 - 5_000 && after <= index_ttl * 1000,
+                    "raised to the index TTL: {what}"
+                );
+            } else {
+                assert!(
+                    after <= before && after > before - 5_000,
+                    "left as it was: {what}"
+                );
+            }
+            assert!(
+                after > record_ttl * 1000 - 1_000,
+                "outlives the record: {what}"
+            );
+        }
+    }
+
+    // A service user whose ACL predates `+pttl` (docs/operations.md): the
+    // read is refused, the line still stands and the TTL is raised as before
+    // the rule, also where the set already outlives the record.
+    let user = format!("no-pttl-{:08x}", rand::random::<u32>());
+    let rules: Vec<String> = ["reset", "on", ">pw", "~*", "+@all", "-pttl"]
+        .map(String::from)
+        .to_vec();
+    fred::prelude::AclInterface::acl_setuser(r.pool(), user.as_str(), rules)
+        .await
+        .expect("ACL SETUSER");
+    let mut settings = crate::common::redis::settings(&r.url, &r.prefix);
+    settings.username = user.clone();
+    settings.password = "pw".into();
+    let as_user = deductor::ledger::Ledger::connect(&settings)
+        .await
+        .expect("connect as the user");
+    r.eval(
+        "redis.call('SADD', KEYS[1], 'x'); return redis.call('PEXPIRE', KEYS[1], ARGV[1])",
+        vec![index.clone()],
+        vec![(record_ttl * 1000 + 5_000).to_string()],
+    )
+    .await
+    .expect("set the index's TTL");
+    let call = deduct(n + 1);
+    let reply: Value =
+        fred::prelude::LuaInterface::eval(as_user.pool(), call.script.body, call.keys, call.args)
+            .await
+            .expect("deduct.lua as a user without +pttl");
+    assert!(format!("{reply:?}").contains("accepted"), "{reply:?}");
+    let after = match r
+        .eval(
+            "return redis.call('PTTL', KEYS[1])",
+            vec![index.clone()],
+            vec![],
+        )
+        .await
+        .expect("pttl")
+    {
+        Value::Integer(ms) => ms,
+        v => panic!("PTTL {v:?}"),
+    };
+    assert!(
+        after > index_ttl * 1000 - 5_000,
+        "raised without +pttl: {after} ms"
+    );
+    as_user.quit().await;
+    let _: Result<i64, _> = fred::prelude::AclInterface::acl_deluser(r.pool(), user.as_str()).await;
+}
