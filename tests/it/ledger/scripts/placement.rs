@@ -341,17 +341,27 @@ async fn the_day_index_ttl_is_raised_only_below_the_records() {
     seed_limited(&r, "p", "9").await;
     let (record_ttl, index_ttl) = (1_000_i64, 2_000_i64);
     let index = r.keys().index(&id("p"), 20_000);
-    let deduct = |n: usize| -> Call {
-        let (o, e, c) = (format!("o{n}"), format!("e{n}"), format!("c{n}"));
-        let mut keys = r
-            .keys()
-            .deduct_line(&id("p"), &id(&o), &id(&c), &id(&e))
-            .as_vec();
-        keys.push(index.clone());
-        Call {
-            script: &scripts::DEDUCT,
-            keys,
-            args: vec![
+    // Placement line n (deduct.lua's keys and arguments), or a refund of
+    // order n that finds nothing deducted (rollback.lua's tombstone), with
+    // the day index and its TTLs.
+    let line = |n: usize, refund: bool| -> Call {
+        let (o, c) = (format!("o{n}"), format!("c{n}"));
+        let e = format!("{}{n}", if refund { "r" } else { "e" });
+        let ids = (&id("p"), &id(&o), &id(&c), &id(&e));
+        let (script, line_keys, mut args) = if refund {
+            let k = r.keys().rollback_line(ids.0, ids.1, ids.2, ids.3);
+            let args = vec![
+                String::new(),
+                String::new(),
+                record_ttl.to_string(),
+                "500".into(),
+                e,
+                c,
+            ];
+            (&scripts::ROLLBACK, k, args)
+        } else {
+            let k = r.keys().deduct_line(ids.0, ids.1, ids.2, ids.3);
+            let args = vec![
                 "1".into(),
                 "0".into(),
                 T.to_string(),
@@ -359,32 +369,13 @@ async fn the_day_index_ttl_is_raised_only_below_the_records() {
                 record_ttl.to_string(),
                 "500".into(),
                 c,
-                o,
-                index_ttl.to_string(),
-            ],
-        }
-    };
-    let tombstone = |n: usize| -> Call {
-        let (o, e, c) = (format!("o{n}"), format!("r{n}"), format!("c{n}"));
-        let mut keys = r
-            .keys()
-            .rollback_line(&id("p"), &id(&o), &id(&c), &id(&e))
-            .as_vec();
+            ];
+            (&scripts::DEDUCT, k, args)
+        };
+        args.extend([o, index_ttl.to_string()]);
+        let mut keys = line_keys.as_vec();
         keys.push(index.clone());
-        Call {
-            script: &scripts::ROLLBACK,
-            keys,
-            args: vec![
-                String::new(),
-                String::new(),
-                record_ttl.to_string(),
-                "500".into(),
-                e,
-                c,
-                o,
-                index_ttl.to_string(),
-            ],
-        }
+        Call { script, keys, args }
     };
     let mut n = 0;
     for how in ["deduct", "batch", "batch of two", "tombstone"] {
@@ -398,25 +389,14 @@ async fn the_day_index_ttl_is_raised_only_below_the_records() {
             let mut calls = Vec::new();
             for _ in 0..(if how == "batch of two" { 2 } else { 1 }) {
                 n += 1;
-                calls.push(if how == "tombstone" {
-                    tombstone(n)
-                } else {
-                    deduct(n)
-                });
+                calls.push(line(n, how == "tombstone"));
             }
             let call = if how.starts_with("batch") {
                 calls::deduct_batch(calls)
             } else {
                 calls.remove(0)
             };
-            let set = if before < 0 {
-                "redis.call('SADD', KEYS[1], 'x'); return redis.call('PERSIST', KEYS[1])"
-            } else {
-                "redis.call('SADD', KEYS[1], 'x'); return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
-            };
-            r.eval(set, vec![index.clone()], vec![before.max(0).to_string()])
-                .await
-                .expect("set the index's TTL");
+            set_index_ttl(&r, &index, before).await;
             let reply = r
                 .eval(call.script.body, call.keys, call.args)
                 .await
@@ -425,18 +405,7 @@ async fn the_day_index_ttl_is_raised_only_below_the_records() {
                 !format!("{reply:?}").contains("rejected") || how == "tombstone",
                 "{how}: {reply:?}"
             );
-            let after = match r
-                .eval(
-                    "return redis.call('PTTL', KEYS[1])",
-                    vec![index.clone()],
-                    vec![],
-                )
-                .await
-                .expect("pttl")
-            {
-                Value::Integer(ms) => ms,
-                v => panic!("PTTL {v:?}"),
-            };
+            let after = pttl(&r, &index).await;
             let what = format!("{how}, index TTL {before} ms before: {after} ms after");
             if raised {
                 assert!(
@@ -472,35 +441,47 @@ async fn the_day_index_ttl_is_raised_only_below_the_records() {
     let as_user = deductor::ledger::Ledger::connect(&settings)
         .await
         .expect("connect as the user");
-    r.eval(
-        "redis.call('SADD', KEYS[1], 'x'); return redis.call('PEXPIRE', KEYS[1], ARGV[1])",
-        vec![index.clone()],
-        vec![(record_ttl * 1000 + 5_000).to_string()],
-    )
-    .await
-    .expect("set the index's TTL");
-    let call = deduct(n + 1);
+    set_index_ttl(&r, &index, record_ttl * 1000 + 5_000).await;
+    let call = line(n + 1, false);
     let reply: Value =
         fred::prelude::LuaInterface::eval(as_user.pool(), call.script.body, call.keys, call.args)
             .await
             .expect("deduct.lua as a user without +pttl");
     assert!(format!("{reply:?}").contains("accepted"), "{reply:?}");
-    let after = match r
-        .eval(
-            "return redis.call('PTTL', KEYS[1])",
-            vec![index.clone()],
-            vec![],
-        )
-        .await
-        .expect("pttl")
-    {
-        Value::Integer(ms) => ms,
-        v => panic!("PTTL {v:?}"),
-    };
+    let after = pttl(&r, &index).await;
     assert!(
         after > index_ttl * 1000 - 5_000,
         "raised without +pttl: {after} ms"
     );
     as_user.quit().await;
     let _: Result<i64, _> = fred::prelude::AclInterface::acl_deluser(r.pool(), user.as_str()).await;
+}
+
+/// Makes `index` a set (of "x") whose TTL is `ms` milliseconds, or none
+/// when `ms` is negative.
+async fn set_index_ttl(r: &TestRedis, index: &str, ms: i64) {
+    let set = if ms < 0 {
+        "redis.call('SADD', KEYS[1], 'x'); return redis.call('PERSIST', KEYS[1])"
+    } else {
+        "redis.call('SADD', KEYS[1], 'x'); return redis.call('PEXPIRE', KEYS[1], ARGV[1])"
+    };
+    r.eval(set, vec![index.to_owned()], vec![ms.max(0).to_string()])
+        .await
+        .expect("set the index's TTL");
+}
+
+/// `key`'s PTTL.
+async fn pttl(r: &TestRedis, key: &str) -> i64 {
+    match r
+        .eval(
+            "return redis.call('PTTL', KEYS[1])",
+            vec![key.to_owned()],
+            vec![],
+        )
+        .await
+        .expect("pttl")
+    {
+        fred::prelude::Value::Integer(ms) => ms,
+        v => panic!("PTTL {v:?}"),
+    }
 }
