@@ -13,10 +13,13 @@
 //! - `contract`: the published schemas against the parser and the outcomes.
 //!
 //! One binary links once (sixteen did before) and shares one process, so
-//! tests that take a shared server down (`service::outages`) hold
-//! [`common::stack_exclusive`] while every test on the shared servers holds
-//! a [`common::stack_shared`] guard (taken by `Fixture::new` and the
-//! `common::redis` ledgers).
+//! tests that take a shared server down (the broker outages of
+//! `service::outages`, `service::shutdown`, `service::hung_transaction`)
+//! hold [`common::stack_exclusive`] while every test on the shared servers
+//! holds a [`common::stack_shared`] guard (taken by `Fixture::new` and the
+//! `common::redis` ledgers). Nothing else runs while an exclusive test
+//! does, so a test that only needs to kill, restart or freeze Redis does it
+//! to a server of its own ([`common::own_redis::OwnRedis`]) instead.
 
 mod common;
 mod contract;

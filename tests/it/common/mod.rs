@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod kafka;
+pub mod own_redis;
 pub mod redis;
 pub mod replication;
 pub mod service;

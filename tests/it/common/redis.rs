@@ -206,8 +206,9 @@ pub struct TestRedis {
     pub prefix: String,
     pub url: String,
     pub cluster: bool,
-    /// The shared hold on the dev-stack servers.
-    _stack: super::StackGuard,
+    /// The shared hold on the dev-stack servers (None: the test holds them
+    /// exclusively).
+    _stack: Option<super::StackGuard>,
 }
 
 /// A ledger on the standalone Redis; fails the test when unreachable.
@@ -220,8 +221,20 @@ pub async fn cluster() -> TestRedis {
     connect(&cluster_url(), true).await
 }
 
+/// The same, for a test that holds the servers exclusively
+/// ([`super::stack_exclusive`]) because what it does (`SCRIPT FLUSH`
+/// on every node, then a look at each node's cache) would race with the
+/// scripts the other tests load meanwhile.
+pub async fn cluster_within(_exclusive: &super::Exclusive) -> TestRedis {
+    connect_holding(&cluster_url(), true, None).await
+}
+
 async fn connect(url: &str, cluster: bool) -> TestRedis {
     let stack = super::stack_shared().await;
+    connect_holding(url, cluster, Some(stack)).await
+}
+
+async fn connect_holding(url: &str, cluster: bool, stack: Option<super::StackGuard>) -> TestRedis {
     let prefix = unique_prefix();
     let ledger = Ledger::connect(&settings(url, &prefix))
         .await
@@ -257,7 +270,7 @@ impl TestRedis {
             ledger,
             url: url.to_owned(),
             cluster: false,
-            _stack: super::stack_shared().await,
+            _stack: Some(super::stack_shared().await),
         }
     }
 
@@ -268,7 +281,7 @@ impl TestRedis {
             prefix: f.prefix.clone(),
             url: f.redis_url.clone(),
             cluster: false,
-            _stack: super::stack_shared().await,
+            _stack: Some(super::stack_shared().await),
         }
     }
 

@@ -62,6 +62,16 @@ impl Fixture {
         Fixture::build(label, partitions, None).await
     }
 
+    /// The same on the dev stack's Kafka and the Redis at `redis_url` (a
+    /// test's own server: [`super::own_redis::OwnRedis`]), holding the
+    /// stack shared.
+    pub async fn on_redis(label: &str, partitions: i32, redis_url: String) -> Fixture {
+        let stack = super::stack_shared().await;
+        let mut f = Fixture::build(label, partitions, Some(stack)).await;
+        f.redis_url = redis_url;
+        f
+    }
+
     async fn build(label: &str, partitions: i32, stack: Option<super::StackGuard>) -> Fixture {
         init_tracing();
         Fixture {

@@ -269,7 +269,10 @@ async fn cached_on(r: &TestRedis, node: &Server, shas: &[String]) -> Vec<bool> {
 
 #[tokio::test]
 async fn scripts_reload_on_every_node() {
-    let r = cluster().await;
+    // Alone on the stack: another test's call between the flush and the
+    // look at each node's cache would load the script again.
+    let exclusive = crate::common::stack_exclusive().await;
+    let r = cluster_within(&exclusive).await;
     let ps = ids_on_distinct_nodes(&r).await;
     for p in &ps {
         admin::promo_set(&r.ledger, &id(p), spec(100, 5), false)

@@ -87,7 +87,8 @@ async fn a_transaction_call_that_never_returns_renews_the_producer_and_the_servi
         .expect("the kafka wedge proxy");
     let readvertised = Readvertised::new(wedge.port);
 
-    let (f, w, ledger) = outages::seeded(&exclusive, label, 61).await;
+    let f = outages::within(&exclusive, label).await;
+    let (f, w, ledger) = outages::seeded(f, label, 61).await;
     let env = f.env(&[
         ("kafka.delivery", "exactly_once"),
         ("kafka.transaction_interval_ms", "500"),

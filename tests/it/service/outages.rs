@@ -3,14 +3,16 @@
 //! broker killed and restarted. The service must wait them out by itself:
 //! nothing lost, nothing skipped, one decision per event.
 //!
-//! These tests stop the Redis and Kafka every other test uses, so they live
-//! in their own binary, run one at a time (a lock, and CI runs this binary
-//! with `--test-threads=1` after the others).
+//! The Kafka outages stop the broker every other test uses, so those tests
+//! hold the stack exclusively ([`crate::common::stack_exclusive`]): no other
+//! test runs meanwhile. The Redis outages kill and restart a Redis of the
+//! test's own ([`OwnRedis`]) and hold the stack shared, beside the others.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::common::kafka;
+use crate::common::own_redis::OwnRedis;
 use crate::common::service::{self, Fixture, InProcess};
 use crate::common::workload::{self, Shape, Workload};
 
@@ -83,13 +85,24 @@ struct Run {
     producer: tokio::task::JoinHandle<()>,
 }
 
-/// A fixture of the stack with the outage tests' workload seeded.
+/// The outage tests' fixture (3 partitions) on the dev stack, which the
+/// test holds exclusively.
+pub(super) async fn within(exclusive: &crate::common::Exclusive, label: &str) -> Fixture {
+    Fixture::within(exclusive, label, 3).await
+}
+
+/// The outage tests' fixture (3 partitions) on the dev stack's Kafka and
+/// the test's own Redis.
+pub(super) async fn on_own_redis(own: &OwnRedis, label: &str) -> Fixture {
+    Fixture::on_redis(label, 3, own.url()).await
+}
+
+/// `f` with the outage tests' workload seeded.
 pub(super) async fn seeded(
-    exclusive: &crate::common::Exclusive,
+    f: Fixture,
     label: &str,
     seed: u64,
 ) -> (Fixture, Workload, deductor::ledger::Ledger) {
-    let f = Fixture::within(exclusive, label, 3).await;
     let ledger = f.ledger().await;
     let w = workload::generate(
         label,
@@ -137,8 +150,8 @@ pub(super) async fn run_paced(
 }
 
 /// Seeds, starts the service and a paced producer, waits for some progress.
-async fn start(exclusive: &crate::common::Exclusive, label: &str, seed: u64) -> Run {
-    let (f, w, ledger) = seeded(exclusive, label, seed).await;
+async fn start(f: Fixture, label: &str, seed: u64) -> Run {
+    let (f, w, ledger) = seeded(f, label, seed).await;
     let svc = service::start(f.settings(&[]));
     let producer = produce_paced(&f, &w);
     wait_done_events(&svc, 200).await;
@@ -169,20 +182,17 @@ async fn finish(label: &str, mut r: Run) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_mid_stream() {
-    // The shared Redis goes down: no other test may use it meanwhile.
-    let exclusive = crate::common::stack_exclusive().await;
-    let r = start(&exclusive, "redis-out", 31).await;
-    let addr = host_port(&r.f.redis_url);
+    let mut own = OwnRedis::start().await;
+    let r = start(on_own_redis(&own, "redis-out").await, "redis-out", 31).await;
 
-    let down = Down::new("kill-redis", "start-redis", &addr).await;
+    own.kill().await;
     let down_at = r.svc.status.events_done.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
         !r.svc.is_finished(),
         "the service gave up during the Redis outage"
     );
-    down.start();
-    assert!(service::listening(&addr), "Redis at {addr} is back");
+    own.restart().await;
 
     // It resumes by itself.
     wait_done_events(&r.svc, down_at + 200).await;
@@ -199,8 +209,9 @@ async fn redis_killed_and_restarted_mid_stream() {
 /// lost, and a read_committed reader sees one outcome per input record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
-    let exclusive = crate::common::stack_exclusive().await;
-    let (f, w, ledger) = seeded(&exclusive, "eos-redis-out", 41).await;
+    let mut own = OwnRedis::start().await;
+    let f = on_own_redis(&own, "eos-redis-out").await;
+    let (f, w, ledger) = seeded(f, "eos-redis-out", 41).await;
     // Transactions of 2 s that time out after 6 s; the broker looks for
     // timed-out ones every 10 s
     // (transaction.abort.timed.out.transaction.cleanup.interval.ms), so an
@@ -219,12 +230,10 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
     let (mut child, producer) = run_paced(&env, &f, &w, 1).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
 
-    let addr = host_port(&f.redis_url);
-    let down = Down::new("kill-redis", "start-redis", &addr).await;
+    own.kill().await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     child.assert_running();
-    down.start();
-    assert!(service::listening(&addr), "Redis at {addr} is back");
+    own.restart().await;
 
     // The first boundary after the outage meets the fenced producer and
     // replaces it (a service that stops instead fails here, with its log).
@@ -248,15 +257,26 @@ async fn exactly_once_redis_outage_longer_than_the_transaction_timeout() {
 /// the wait (past `http.stall_timeout_secs`: a liveness probe must not
 /// restart a pod that waits), `/readyz` is 503 naming the dependency.
 /// When the dependency is back, the service proceeds and becomes ready.
-async fn probes_while_down_at_start(
-    label: &str,
-    kill: &'static str,
-    start: &'static str,
-    dependency: &str,
-    extra: &[(&str, &str)],
-) {
-    let exclusive = crate::common::stack_exclusive().await;
-    let f = Fixture::within(&exclusive, label, 2).await;
+/// Redis: the test's own server, killed before the service starts; Kafka:
+/// the dev stack's broker, so the test holds the stack exclusively.
+async fn probes_while_down_at_start(label: &str, dependency: &str, extra: &[(&str, &str)]) {
+    enum Outage {
+        Own(OwnRedis),
+        Shared(crate::common::Exclusive, Down),
+    }
+    let (f, outage, down_addr) = if dependency == "redis" {
+        let mut own = OwnRedis::start().await;
+        let f = Fixture::on_redis(label, 2, own.url()).await;
+        own.kill().await;
+        let addr = own.addr();
+        (f, Outage::Own(own), addr)
+    } else {
+        let exclusive = crate::common::stack_exclusive().await;
+        let f = Fixture::within(&exclusive, label, 2).await;
+        let addr = f.brokers.split(',').next().unwrap_or_default().to_owned();
+        let down = Down::new("kill-kafka", "start-kafka", &addr).await;
+        (f, Outage::Shared(exclusive, down), addr)
+    };
     let addr = service::free_local_addr();
     let mut settings = vec![
         ("http.listen", addr.as_str()),
@@ -264,12 +284,6 @@ async fn probes_while_down_at_start(
     ];
     settings.extend_from_slice(extra);
     let env = f.env(&settings);
-    let down_addr = if dependency == "redis" {
-        host_port(&f.redis_url)
-    } else {
-        f.brokers.split(',').next().unwrap_or_default().to_owned()
-    };
-    let down = Down::new(kill, start, &down_addr).await;
     let mut child = service::spawn(&env, &["run"]);
 
     let waiting = format!("waiting for {dependency}");
@@ -294,7 +308,17 @@ async fn probes_while_down_at_start(
         "/readyz names {dependency}: {body}"
     );
 
-    down.start();
+    // Held to the end: the own server, or the stack.
+    let _held = match outage {
+        Outage::Own(mut own) => {
+            own.restart().await;
+            (Some(own), None)
+        }
+        Outage::Shared(exclusive, down) => {
+            down.start();
+            (None, Some(exclusive))
+        }
+    };
     assert!(service::listening(&down_addr), "{down_addr} is back");
     let (_, body) =
         service::wait_probe(&mut child, &addr, "/readyz", WAIT, |code, _| code == 200).await;
@@ -310,22 +334,13 @@ async fn probes_while_down_at_start(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_at_start_is_alive_not_ready_then_proceeds() {
-    probes_while_down_at_start(
-        "redis-down-start",
-        "kill-redis",
-        "start-redis",
-        "redis",
-        &[],
-    )
-    .await;
+    probes_while_down_at_start("redis-down-start", "redis", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_with_kafka_down_at_start_is_alive_not_ready_then_proceeds() {
     probes_while_down_at_start(
         "kafka-down-start",
-        "kill-kafka",
-        "start-kafka",
         "kafka",
         &[
             ("kafka.delivery", "exactly_once"),

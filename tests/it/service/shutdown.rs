@@ -5,12 +5,14 @@
 //! a line saying that unfinished work was abandoned; and the next start must
 //! lose nothing (every event decided once, the group committed to the end).
 //!
-//! These take the shared Kafka or Redis down: they hold the stack
-//! exclusively, like `service::outages`.
+//! The broker outages take the shared Kafka down: they hold the stack
+//! exclusively, like `service::outages`. The Redis outages and stalls kill
+//! or freeze a Redis of the test's own ([`OwnRedis`]) beside the others.
 
 use std::time::{Duration, Instant};
 
 use super::outages::{self, Down};
+use crate::common::own_redis::OwnRedis;
 use crate::common::service::{self};
 use crate::common::workload;
 
@@ -29,48 +31,23 @@ enum Fault {
     RedisFrozen,
 }
 
-/// Redis of the dev stack frozen with SIGSTOP; SIGCONT when dropped.
-struct Frozen(i32);
-
-impl Frozen {
-    fn new() -> Frozen {
-        let dir = std::env::var("DEDUCTOR_STACK_DIR")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.stack").to_owned());
-        let pidfile = format!("{dir}/redis/redis.pid");
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .unwrap_or_else(|e| panic!("{pidfile}: {e}"))
-            .trim()
-            .parse()
-            .expect("a pid");
-        signal(pid, "-STOP");
-        Frozen(pid)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal(self.0, "-CONT");
-    }
-}
-
-fn signal(pid: i32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "kill {sig} {pid}");
-}
-
-enum Held {
-    Down(Down),
-    Frozen(Frozen),
-}
-
 async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
-    let exclusive = crate::common::stack_exclusive().await;
     let label = format!("sigterm-{fault:?}-{mode}").to_lowercase();
-    let (f, w, ledger) = outages::seeded(&exclusive, &label, seed).await;
+    // The broker outage holds the stack alone; the Redis faults hit the
+    // test's own server.
+    let (exclusive, mut own, f) = match fault {
+        Fault::BrokerDown => {
+            let exclusive = crate::common::stack_exclusive().await;
+            let f = outages::within(&exclusive, &label).await;
+            (Some(exclusive), None, f)
+        }
+        Fault::RedisDown | Fault::RedisFrozen => {
+            let own = OwnRedis::start().await;
+            let f = outages::on_own_redis(&own, &label).await;
+            (None, Some(own), f)
+        }
+    };
+    let (f, w, ledger) = outages::seeded(f, &label, seed).await;
     let env = f.env(&[
         ("kafka.delivery", mode),
         ("pipeline.drain_timeout_secs", &DRAIN_SECS.to_string()),
@@ -80,16 +57,20 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
     ]);
     let (mut child, producer) = outages::run_paced(&env, &f, &w, 50).await;
 
-    let held = match fault {
-        Fault::BrokerDown => {
+    let down = match (fault, own.as_mut()) {
+        (Fault::BrokerDown, _) => {
             let addr = outages::host_port(&f.brokers);
-            Held::Down(Down::new("kill-kafka", "start-kafka", &addr).await)
+            Some(Down::new("kill-kafka", "start-kafka", &addr).await)
         }
-        Fault::RedisDown => {
-            let addr = outages::host_port(&f.redis_url);
-            Held::Down(Down::new("kill-redis", "start-redis", &addr).await)
+        (Fault::RedisDown, Some(own)) => {
+            own.kill().await;
+            None
         }
-        Fault::RedisFrozen => Held::Frozen(Frozen::new()),
+        (Fault::RedisFrozen, Some(own)) => {
+            own.freeze();
+            None
+        }
+        (_, None) => unreachable!("a Redis fault has its own server"),
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     child.assert_running();
@@ -111,9 +92,11 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
         ),
     }
     eprintln!("{label}: exited {status} {took:?} after SIGTERM");
-    match held {
-        Held::Down(d) => d.start(),
-        Held::Frozen(z) => drop(z),
+    match (fault, down, own.as_mut()) {
+        (Fault::BrokerDown, Some(d), _) => d.start(),
+        (Fault::RedisDown, _, Some(own)) => own.restart().await,
+        (Fault::RedisFrozen, _, Some(own)) => own.thaw(),
+        _ => unreachable!("every fault is undone"),
     }
     drop(child);
 
@@ -125,6 +108,7 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
     workload::verify(&label, &w, &outcomes, &dlq, &ledger).await;
     ledger.quit().await;
     f.cleanup().await;
+    drop((exclusive, own));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
