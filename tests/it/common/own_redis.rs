@@ -9,8 +9,6 @@
 //! `redis-server` is the one first on PATH: Debian's Redis, or Valkey's in
 //! scripts/test's valkey8 cell (`scripts/dev-stack env` puts it first).
 
-use std::time::{Duration, Instant};
-
 use super::replication::{self, Proc};
 use super::service;
 
@@ -42,42 +40,21 @@ impl OwnRedis {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// The server's pid (0 while it is down).
-    pub fn pid(&self) -> i32 {
-        self.node.as_ref().map_or(0, Proc::pid)
-    }
-
     /// SIGKILL (no shutdown; what `appendfsync always` wrote survives), and
     /// waits until nothing answers on its port.
     pub async fn kill(&mut self) {
         if let Some(mut node) = self.node.take() {
             node.kill9();
         }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while service::listening(&self.addr()) {
-            assert!(
-                Instant::now() < deadline,
-                "{} still answers 15s after SIGKILL",
-                self.addr()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        service::wait_closed(&self.addr(), "SIGKILL").await;
     }
 
     /// Starts the server again on its port, from its own AOF, and waits
     /// until it answers PING (not LOADING).
     pub async fn restart(&mut self) {
         assert!(self.node.is_none(), "{} is running", self.addr());
-        self.node = Some(replication::redis(
-            self.dir.path(),
-            self.port,
-            &["--maxmemory-policy", "noeviction"],
-        ));
-        let port = self.port;
-        replication::eventually(30, &format!("own redis on {port} answers PING"), || {
-            replication::cli(port, &["PING"]).ends_with("PONG")
-        })
-        .await;
+        self.node = Some(replication::redis(self.dir.path(), self.port, &[]));
+        replication::wait_ping(self.port).await;
     }
 
     /// SIGSTOP: the server holds its connections and answers nothing.

@@ -154,7 +154,9 @@ pub fn redis(dir: &Path, port: u16, extra: &[&str]) -> Proc {
     }
 }
 
-async fn wait_ping(port: u16) {
+/// Waits until the node on `port` answers PING (not LOADING; NOAUTH counts:
+/// it needs a password).
+pub async fn wait_ping(port: u16) {
     eventually(20, &format!("redis on {port} answers PING"), || {
         cli(port, &["PING"]).ends_with("PONG") || cli(port, &["PING"]).contains("NOAUTH")
     })

@@ -253,6 +253,19 @@ pub fn listening(addr: &str) -> bool {
         .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
 }
 
+/// Waits until nothing answers at `addr` (`host:port`) after `what` took
+/// its server down; fails the test after 15 s.
+pub async fn wait_closed(addr: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while listening(addr) {
+        assert!(
+            Instant::now() < deadline,
+            "{addr} still answers 15s after {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The path of the `deductor` binary built for these tests.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_deductor"))

@@ -48,18 +48,11 @@ impl Down {
             started: false,
         };
         service::dev_stack(kill_verb);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while service::listening(addr) {
-            assert!(
-                Instant::now() < deadline,
-                "{addr} still answers 15s after `dev-stack {kill_verb}`"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        service::wait_closed(addr, &format!("`dev-stack {kill_verb}`")).await;
         down
     }
 
-    pub(super) fn start(mut self) {
+    pub(super) fn start(&mut self) {
         self.started = true;
         service::dev_stack(self.start_verb);
     }
@@ -264,7 +257,7 @@ async fn probes_while_down_at_start(label: &str, dependency: &str, extra: &[(&st
         Own(OwnRedis),
         Shared(crate::common::Exclusive, Down),
     }
-    let (f, outage, down_addr) = if dependency == "redis" {
+    let (f, mut outage, down_addr) = if dependency == "redis" {
         let mut own = OwnRedis::start().await;
         let f = Fixture::on_redis(label, 2, own.url()).await;
         own.kill().await;
@@ -308,17 +301,10 @@ async fn probes_while_down_at_start(label: &str, dependency: &str, extra: &[(&st
         "/readyz names {dependency}: {body}"
     );
 
-    // Held to the end: the own server, or the stack.
-    let _held = match outage {
-        Outage::Own(mut own) => {
-            own.restart().await;
-            (Some(own), None)
-        }
-        Outage::Shared(exclusive, down) => {
-            down.start();
-            (None, Some(exclusive))
-        }
-    };
+    match &mut outage {
+        Outage::Own(own) => own.restart().await,
+        Outage::Shared(_, down) => down.start(),
+    }
     assert!(service::listening(&down_addr), "{down_addr} is back");
     let (_, body) =
         service::wait_probe(&mut child, &addr, "/readyz", WAIT, |code, _| code == 200).await;

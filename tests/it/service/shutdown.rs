@@ -31,21 +31,22 @@ enum Fault {
     RedisFrozen,
 }
 
+/// What a run holds for its fault: the whole stack (the broker outage;
+/// its `Down` once the broker is killed), or a Redis of its own.
+enum Held {
+    Stack(crate::common::Exclusive, Option<Down>),
+    Own(OwnRedis),
+}
+
 async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
     let label = format!("sigterm-{fault:?}-{mode}").to_lowercase();
-    // The broker outage holds the stack alone; the Redis faults hit the
-    // test's own server.
-    let (exclusive, mut own, f) = match fault {
-        Fault::BrokerDown => {
-            let exclusive = crate::common::stack_exclusive().await;
-            let f = outages::within(&exclusive, &label).await;
-            (Some(exclusive), None, f)
-        }
-        Fault::RedisDown | Fault::RedisFrozen => {
-            let own = OwnRedis::start().await;
-            let f = outages::on_own_redis(&own, &label).await;
-            (None, Some(own), f)
-        }
+    let mut held = match fault {
+        Fault::BrokerDown => Held::Stack(crate::common::stack_exclusive().await, None),
+        Fault::RedisDown | Fault::RedisFrozen => Held::Own(OwnRedis::start().await),
+    };
+    let f = match &held {
+        Held::Stack(exclusive, _) => outages::within(exclusive, &label).await,
+        Held::Own(own) => outages::on_own_redis(own, &label).await,
     };
     let (f, w, ledger) = outages::seeded(f, &label, seed).await;
     let env = f.env(&[
@@ -57,21 +58,14 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
     ]);
     let (mut child, producer) = outages::run_paced(&env, &f, &w, 50).await;
 
-    let down = match (fault, own.as_mut()) {
-        (Fault::BrokerDown, _) => {
+    match &mut held {
+        Held::Stack(_, down) => {
             let addr = outages::host_port(&f.brokers);
-            Some(Down::new("kill-kafka", "start-kafka", &addr).await)
+            *down = Some(Down::new("kill-kafka", "start-kafka", &addr).await);
         }
-        (Fault::RedisDown, Some(own)) => {
-            own.kill().await;
-            None
-        }
-        (Fault::RedisFrozen, Some(own)) => {
-            own.freeze();
-            None
-        }
-        (_, None) => unreachable!("a Redis fault has its own server"),
-    };
+        Held::Own(own) if matches!(fault, Fault::RedisFrozen) => own.freeze(),
+        Held::Own(own) => own.kill().await,
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     child.assert_running();
     let bound = Duration::from_secs(DRAIN_SECS + BOUND_SECS + SLACK_SECS);
@@ -92,11 +86,14 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
         ),
     }
     eprintln!("{label}: exited {status} {took:?} after SIGTERM");
-    match (fault, down, own.as_mut()) {
-        (Fault::BrokerDown, Some(d), _) => d.start(),
-        (Fault::RedisDown, _, Some(own)) => own.restart().await,
-        (Fault::RedisFrozen, _, Some(own)) => own.thaw(),
-        _ => unreachable!("every fault is undone"),
+    match &mut held {
+        Held::Stack(_, down) => {
+            if let Some(down) = down {
+                down.start();
+            }
+        }
+        Held::Own(own) if matches!(fault, Fault::RedisFrozen) => own.thaw(),
+        Held::Own(own) => own.restart().await,
     }
     drop(child);
 
@@ -108,7 +105,7 @@ async fn sigterm_during(fault: Fault, mode: &str, seed: u64) {
     workload::verify(&label, &w, &outcomes, &dlq, &ledger).await;
     ledger.quit().await;
     f.cleanup().await;
-    drop((exclusive, own));
+    drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
