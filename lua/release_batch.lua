@@ -1,8 +1,9 @@
 -- release_batch.lua: N lines of release.lua in one call (issue 27: script calls
 -- per event), decided one after another in the order given, exactly as N calls of
 -- release.lua in a row would be: release.lua's body runs unchanged as
--- `release_one(KEYS, ARGV)` for each line, every read and write going to Redis
--- line by line, so each line sees what the lines before it wrote. The service
+-- `release_one(KEYS, ARGV)` for each line (but the one case below), every read
+-- and write going to Redis line by line, so each line sees what the lines before
+-- it wrote. The service
 -- sends the release lines that are ready, of many rejected events, as one call,
 -- on a single Redis or a Sentinel primary with redis.wait_replicas = 0 (as
 -- deduct_batch.lua and rollback_batch.lua).
@@ -29,10 +30,59 @@ if n == nil or n < 1 or n ~= math.floor(n) or #KEYS ~= 4 * n or #ARGV ~= 1 + 3 *
     .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 
+-- The plain release (issue 27: Redis time per line): the record is this event's
+-- own deduction, with no absorbed event and no refund result, for this customer
+-- (or one written before records named theirs). release.lua gives back its
+-- budget and stock, its per-customer slot, deletes the record and marks the memo;
+-- its per-call set-up (closures, pcall layers, the absorbed events' bookkeeping)
+-- cost more than that. This decides it as release.lua does: the same reads in the
+-- same order (promotion, used, record, memo), the same writes in the same order
+-- and the same reply. Any other line (no record, another event's, absorbed events,
+-- refund results, another customer, corrupt data, a malformed argument) is handed,
+-- before anything of it is written, to release.lua's body: nil.
+local function plain(kb, ab)
+  local event, ttl, customer = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3]
+  if not (event_id(event) and ttl ~= '0' and canonical(ttl) and event_id(customer)) then return nil end
+  local k_promo, k_used, k_record, k_memo = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4]
+  local ok, promo = pcall(read_promotion, k_promo)
+  if not ok then return nil end
+  local used
+  ok, used = pcall(read_used, k_used)
+  if not ok then return nil end
+  local rec
+  ok, rec = pcall(read_record, k_record)
+  if not ok or rec == nil or rec.state ~= 'deducted' or rec.event ~= event or rec.absorbed ~= nil
+      or (rec.customer ~= nil and rec.customer ~= customer) then
+    return nil
+  end
+  for f in pairs(rec.fields) do
+    local head = string.sub(f, 1, 7)
+    if head == 'refund:' or head == 'absorbe' then return nil end
+  end
+  local memo = redis.pcall('GET', k_memo)
+  if type(memo) == 'table' or (memo ~= false and memo ~= ABSORBED and memo ~= RELEASED and not REASONS[memo]) then
+    return nil
+  end
+  if same_incarnation(promo, rec) then
+    credit(k_promo, promo, 'budget', rec.budget)
+    credit(k_promo, promo, 'stock', rec.stock)
+  end
+  if rec.counted ~= false and used and used > 0 then redis.call('DECR', k_used) end
+  redis.call('DEL', k_record)
+  if memo == false or memo == ABSORBED then redis.call('SET', k_memo, RELEASED, 'EX', ttl) end
+  return { 1 }
+end
+
 local out = {}
 for i = 0, n - 1 do
-  out[i + 1] = batch_element(pcall(release_one,
-    { KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4] },
-    { ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4] }))
+  -- An error raised in `plain` (a refused write) is the line's error, as
+  -- release.lua's would be; nil hands the line to its body.
+  local ok, r = pcall(plain, 4 * i, 1 + 3 * i)
+  if ok and r == nil then
+    ok, r = pcall(release_one,
+      { KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4] },
+      { ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4] })
+  end
+  out[i + 1] = batch_element(ok, r)
 end
 return out
