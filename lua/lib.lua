@@ -200,6 +200,11 @@ local function encode_record(h)
   return table.concat(t, '|', 1, n) .. (#extra > 0 and '|' .. table.concat(extra, '|') or '')
 end
 
+-- The lean value of a tombstone with nothing outstanding ({state = reverted, budget =
+-- stock = budget0 = stock0 = 0}, encode_record's result for those fields), to which
+-- its refund results are appended as '|refund:<E>=<result>'.
+local TOMBSTONE = 'r||0|0||||||'
+
 -- The lean value of a new deduction (encode_record's result for those fields,
 -- built in one concatenation: the placement's hot path).
 local function new_record_value(event, budget, stock, customer, counted, gen)

@@ -56,8 +56,7 @@ local function plain(kb, ab)
     return nil
   end
   for f in pairs(rec.fields) do
-    local head = string.sub(f, 1, 7)
-    if head == 'refund:' or head == 'absorbe' then return nil end
+    if string.sub(f, 1, 7) == 'refund:' or string.sub(f, 1, 9) == 'absorbed:' then return nil end
   end
   local memo = redis.pcall('GET', k_memo)
   if type(memo) == 'table' or (memo ~= false and memo ~= ABSORBED and memo ~= RELEASED and not REASONS[memo]) then

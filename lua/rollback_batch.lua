@@ -65,11 +65,9 @@ local function no_deduction(kb, ab)
       remembering_corrupt(k_memo, 'rejected ' .. CORRUPT_REASON, refund_ttl, read)
     end)
   end
-  -- rollback.lua's tombstone {state = reverted, budget = stock = budget0 = stock0 = 0,
-  -- refund:<E> = "rejected no_deduction"} as write_record stores it (lib.lua's lean
-  -- layout: budget0 and stock0 equal to budget and stock are left empty).
-  redis.call('SET', k_record, 'r||0|0||||||' .. '|refund:' .. event .. '=rejected no_deduction',
-    'EX', record_ttl)
+  -- rollback.lua's tombstone, refund:<E> = "rejected no_deduction", as write_record
+  -- stores it.
+  redis.call('SET', k_record, TOMBSTONE .. '|refund:' .. event .. '=rejected no_deduction', 'EX', record_ttl)
   if not promo then return { 'rejected', 'no_deduction', 0, 0, 0, -1, -1 } end
   return { 'rejected', 'no_deduction', 0, 0, 0, promo.budget or -1, promo.stock or -1 }
 end
