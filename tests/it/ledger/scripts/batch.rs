@@ -288,15 +288,51 @@ async fn a_memo_batch_reads_every_key_as_memo_lua() {
 }
 
 /// `r` seeded, then 80 random placement lines (`line`) run through
-/// deduct.lua; the generator, to go on with.
+/// deduct.lua; the generator, to go on with. "roomy" has no per-customer
+/// limit for lines 30 to 54 and its limit of 3 before and after them (an
+/// operator's `promo limit`): the records placed then took no slot
+/// (counted 0) while the same customers' others did, so that releases and
+/// refunds meet an uncounted record beside a used counter above 0, whose
+/// slot is not theirs to give back.
 async fn placed(r: &TestRedis, seed_value: u64) -> StdRng {
     seed(r).await;
+    let limit = |n| calls::promo_limit(r.keys(), &id("roomy"), n);
     let mut rng = StdRng::seed_from_u64(seed_value);
     for i in 0..80 {
+        if i == 30 || i == 55 {
+            let c = limit((i == 55).then_some(3));
+            r.eval(c.script.body, c.keys, c.args)
+                .await
+                .expect("promo_limit.lua");
+        }
         let c = line(r, i, &mut rng);
         let _ = r.eval(scripts::DEDUCT.body, c.keys, c.args).await;
     }
+    assert!(
+        uncounted_beside_a_used_slot(r).await,
+        "seed {seed_value}: some record of roomy took no slot while its customer holds one"
+    );
     rng
+}
+
+/// Whether some order record of "roomy" took no per-customer slot (counted
+/// 0) while its customer's used counter is above 0.
+async fn uncounted_beside_a_used_slot(r: &TestRedis) -> bool {
+    let roomy = id("roomy");
+    for key in r.dump().await.keys() {
+        if !key.contains("{roomy}") || !key.contains("}:order:") {
+            continue;
+        }
+        let rec = r.record(key).await;
+        let (Some(counted), Some(customer)) = (rec.get("counted"), rec.get("customer")) else {
+            continue;
+        };
+        let used = r.get(&r.keys().used(&roomy, &id(customer))).await;
+        if counted == "0" && used.is_some_and(|u| u != "0") {
+            return true;
+        }
+    }
+    false
 }
 
 /// Refund line `i` for `r`'s prefix, over the orders `line` placed: full
@@ -428,14 +464,20 @@ async fn same_one_by_one_and_batched(
 /// deducting event, an event absorbed into another's record, an event that
 /// holds nothing, a customer other than the record's (answered with the
 /// stored one), a missing, paused and corrupt promotion, a malformed
-/// argument; events repeat (a release run twice). Few events, so that
+/// argument; events repeat (a release run twice). Mostly few events, so that
 /// one batch often holds two releases of one record, whose order matters.
 fn release_line(r: &TestRedis, rng: &mut StdRng) -> Call {
     let promos = [
         "scarce", "roomy", "roomy", "roomy", "paused", "missing", "broken",
     ];
     let p = promos[rng.random_range(0..promos.len())];
-    let e = rng.random_range(0..12);
+    // Now and then any event `line` may have placed, so that the records
+    // placed while "roomy" had no limit (`placed`) are released too.
+    let e = if rng.random_bool(0.8) {
+        rng.random_range(0..12)
+    } else {
+        rng.random_range(0..40)
+    };
     let o = if rng.random_bool(0.2) { e + 1 } else { e };
     let c = if rng.random_bool(0.5) {
         e % 7
