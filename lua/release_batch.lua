@@ -40,12 +40,25 @@ end
 -- and the same reply. Any other line (no record, another event's, absorbed events,
 -- refund results, another customer, corrupt data, a malformed argument) is handed,
 -- before anything of it is written, to release.lua's body: nil.
+--
+-- The promotions these in-line lines read, by key (false: none), parsed and
+-- checked once a call; `credit` keeps a kept table's budget and stock equal to the
+-- hash's, and an in-line line writes the promotion only through it. Only a read
+-- that succeeded is kept; a line handed over (whose body writes as it will) or
+-- failed empties it.
+local promos = {}
 local function plain(kb, ab)
   local event, ttl, customer = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3]
   if not (event_id(event) and ttl ~= '0' and canonical(ttl) and event_id(customer)) then return nil end
   local k_promo, k_used, k_record, k_memo = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4]
-  local ok, promo = pcall(read_promotion, k_promo)
-  if not ok then return nil end
+  local ok
+  local promo = promos[k_promo]
+  if promo == nil then
+    ok, promo = pcall(read_promotion, k_promo)
+    if not ok then return nil end
+    promos[k_promo] = promo or false
+  end
+  promo = promo or nil
   local used
   ok, used = pcall(read_used, k_used)
   if not ok then return nil end
@@ -77,6 +90,7 @@ for i = 0, n - 1 do
   -- An error raised in `plain` (a refused write) is the line's error, as
   -- release.lua's would be; nil hands the line to its body.
   local ok, r = pcall(plain, 4 * i, 1 + 3 * i)
+  if not ok or r == nil then promos = {} end
   if ok and r == nil then
     ok, r = pcall(release_one,
       { KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4] },

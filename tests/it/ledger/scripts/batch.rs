@@ -335,21 +335,66 @@ async fn uncounted_beside_a_used_slot(r: &TestRedis) -> bool {
     false
 }
 
+/// A deduction in place: its promotion, order and customer.
+struct Held {
+    promotion: String,
+    order: String,
+    customer: String,
+}
+
+/// The deductions in place under `r`'s prefix (records in state deducted),
+/// in key order.
+async fn held(r: &TestRedis) -> Vec<Held> {
+    let mut out = Vec::new();
+    for key in r.dump().await.keys() {
+        let Some((head, order)) = key.split_once("}:order:") else {
+            continue;
+        };
+        let Some((_, promotion)) = head.rsplit_once('{') else {
+            continue;
+        };
+        let rec = r.record(key).await;
+        if let (Some("deducted"), Some(customer)) =
+            (rec.get("state").map(String::as_str), rec.get("customer"))
+        {
+            out.push(Held {
+                promotion: promotion.to_owned(),
+                order: order.to_owned(),
+                customer: customer.clone(),
+            });
+        }
+    }
+    out
+}
+
 /// Refund line `i` for `r`'s prefix, over the orders `line` placed: full
 /// and partial refunds, refund events that repeat (redeliveries), a
 /// customer other than the deduction's, orders with no deduction, a missing,
 /// paused and corrupt promotion, a malformed amount; with the day index
-/// (`indexed`) or without.
-fn refund_line(r: &TestRedis, i: usize, rng: &mut StdRng, indexed: bool) -> Call {
+/// (`indexed`) or without. Two lines in five refund one of `held` (the
+/// deductions in place when the refunds began, [`held`]), so that applied
+/// refunds, which give units back, are common among the others.
+fn refund_line(r: &TestRedis, i: usize, rng: &mut StdRng, indexed: bool, held: &[Held]) -> Call {
     let promos = ["scarce", "roomy", "roomy", "paused", "missing", "broken"];
-    let p = promos[rng.random_range(0..promos.len())];
-    let o = rng.random_range(0..42);
-    // An order's customer is its event's (o or o - 1) % 7: any other is a
-    // mismatch, answered with the stored customer.
-    let c = if rng.random_bool(0.7) {
-        o % 7
+    let (p, o, c) = if !held.is_empty() && rng.random_bool(0.4) {
+        let h = &held[rng.random_range(0..held.len())];
+        let c = if rng.random_bool(0.9) {
+            h.customer.clone()
+        } else {
+            format!("c{}", rng.random_range(0..7))
+        };
+        (h.promotion.clone(), h.order.clone(), c)
     } else {
-        rng.random_range(0..7)
+        let o = rng.random_range(0..60);
+        // An order's customer is its event's (o or o - 1) % 7: any other is a
+        // mismatch, answered with the stored customer.
+        let c = if rng.random_bool(0.7) {
+            o % 7
+        } else {
+            rng.random_range(0..7)
+        };
+        let p = promos[rng.random_range(0..promos.len())];
+        (p.to_owned(), format!("o{o}"), format!("c{c}"))
     };
     let e = format!("r{}", rng.random_range(0..(i + 1).min(30)));
     let mut amount = || match rng.random_range(0..10) {
@@ -360,24 +405,12 @@ fn refund_line(r: &TestRedis, i: usize, rng: &mut StdRng, indexed: bool) -> Call
     let (budget, stock) = (amount(), amount());
     let mut keys = r
         .keys()
-        .rollback_line(
-            &id(p),
-            &id(&format!("o{o}")),
-            &id(&format!("c{c}")),
-            &id(&e),
-        )
+        .rollback_line(&id(&p), &id(&o), &id(&c), &id(&e))
         .as_vec();
-    let mut args = vec![
-        budget,
-        stock,
-        "1000".to_owned(),
-        "1000".to_owned(),
-        e,
-        format!("c{c}"),
-    ];
+    let mut args = vec![budget, stock, "1000".to_owned(), "1000".to_owned(), e, c];
     if indexed {
-        keys.push(r.keys().index(&id(p), 20_000));
-        args.extend([format!("o{o}"), "2000".to_owned()]);
+        keys.push(r.keys().index(&id(&p), 20_000));
+        args.extend([o, "2000".to_owned()]);
     }
     Call {
         script: &scripts::ROLLBACK,
@@ -400,10 +433,11 @@ async fn a_rollback_batch_decides_every_line_as_rollback_lua_one_by_one() {
         let mut replies = Vec::new();
         for r in [&one, &many] {
             placed(r, seed_value).await;
+            let held = held(r).await;
             let mut rng = StdRng::seed_from_u64(seed_value + 1);
             replies.push(
                 (0..160)
-                    .map(|i| refund_line(r, i, &mut rng, indexed))
+                    .map(|i| refund_line(r, i, &mut rng, indexed, &held))
                     .collect::<Vec<Call>>(),
             );
         }
@@ -514,8 +548,9 @@ async fn a_release_batch_decides_every_line_as_release_lua_one_by_one() {
         let mut calls = Vec::new();
         for r in [&one, &many] {
             let mut rng = placed(r, seed_value).await;
+            let held = held(r).await;
             for i in 0..20 {
-                let c = refund_line(r, i, &mut rng, false);
+                let c = refund_line(r, i, &mut rng, false, &held);
                 let _ = r.eval(scripts::ROLLBACK.body, c.keys, c.args).await;
             }
             calls.push(
@@ -536,4 +571,145 @@ async fn a_release_batch_decides_every_line_as_release_lua_one_by_one() {
         same_one_by_one_and_batched(&one, singles, &many, &batched, build, seed_value, &needles)
             .await;
     }
+}
+
+/// A batch that decides a line by its own code keeps the promotion it read
+/// only until a line it hands to the single script's body, which may give
+/// units back: afterwards it reads the promotion again. Three lines of one
+/// promotion, one by one and as one batch: a line decided in-line, one
+/// handed over that gives units back, and one in-line again, whose reply (a
+/// refund's remaining budget) or credit (a release's, capped at the initial
+/// budget) shows what it read.
+#[tokio::test]
+async fn a_batch_reads_a_promotion_again_after_a_line_it_hands_over() {
+    let fields = [
+        ("budget", "100"),
+        ("stock", "10"),
+        ("initial_budget", "100"),
+        ("initial_stock", "10"),
+    ];
+    let deduct = |r: &TestRedis, n: u32| Call {
+        script: &scripts::DEDUCT,
+        keys: r
+            .keys()
+            .deduct_line(
+                &id("hot"),
+                &id(&format!("o{n}")),
+                &id(&format!("c{n}")),
+                &id(&format!("e{n}")),
+            )
+            .as_vec(),
+        args: [
+            "10",
+            "1",
+            &T.to_string(),
+            &format!("e{n}"),
+            "1000",
+            "1000",
+            &format!("c{n}"),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    };
+    let refund = |r: &TestRedis, n: u32, event: &str, budget: &str| Call {
+        script: &scripts::ROLLBACK,
+        keys: r
+            .keys()
+            .rollback_line(
+                &id("hot"),
+                &id(&format!("o{n}")),
+                &id(&format!("c{n}")),
+                &id(event),
+            )
+            .as_vec(),
+        args: [budget, "", "1000", "1000", event, &format!("c{n}")]
+            .map(str::to_owned)
+            .to_vec(),
+    };
+    let release = |r: &TestRedis, n: u32| Call {
+        script: &scripts::RELEASE,
+        keys: deduct(r, n).keys,
+        args: vec![format!("e{n}"), "1000".to_owned(), format!("c{n}")],
+    };
+
+    // Refunds: orders 1 and 3 have no deduction (no_deduction, answered
+    // with the promotion's budget), order 2's is refunded in full (+10).
+    let (one, many) = (standalone().await, standalone().await);
+    for r in [&one, &many] {
+        r.seed("hot", &fields).await;
+        run(r, deduct(r, 2)).await;
+    }
+    let lines = |r: &TestRedis| {
+        vec![
+            refund(r, 1, "r1", ""),
+            refund(r, 2, "r2", ""),
+            refund(r, 3, "r3", ""),
+        ]
+    };
+    let budgets = same_as_one_by_one(&one, &many, lines, calls::rollback_batch).await;
+    assert!(
+        budgets[2].contains("Integer(100)"),
+        "the last refund answers the budget after the second: {budgets:?}"
+    );
+
+    // Releases: orders 1 and 3 released plainly (in-line), order 2's
+    // deduction partly refunded first (handed over; gives back the rest),
+    // the budget topped up by an operator in between, so that the last
+    // release's credit stops at the initial budget.
+    let (one, many) = (standalone().await, standalone().await);
+    for r in [&one, &many] {
+        r.seed("hot", &fields).await;
+        for n in 1..=3 {
+            run(r, deduct(r, n)).await;
+        }
+        run(r, refund(r, 2, "r2", "4")).await;
+        let key = r.keys().promotion(&id("hot"));
+        r.hset(&key, &[("budget", "84")]).await;
+    }
+    let lines = |r: &TestRedis| vec![release(r, 1), release(r, 2), release(r, 3)];
+    same_as_one_by_one(&one, &many, lines, calls::release_batch).await;
+    assert_eq!(
+        many.promo_field("hot", "budget").await.as_deref(),
+        Some("100"),
+        "84 + 10 + 6 + 10 given back, stopped at the initial 100"
+    );
+}
+
+/// `lines(one)` one call each on `one` and `lines(many)` as one batch
+/// (`build`) on `many`: the same replies and the same keys afterwards.
+/// Returns the replies.
+async fn same_as_one_by_one(
+    one: &TestRedis,
+    many: &TestRedis,
+    lines: impl Fn(&TestRedis) -> Vec<Call>,
+    build: fn(Vec<Call>) -> Call,
+) -> Vec<String> {
+    let mut expected = Vec::new();
+    for c in lines(one) {
+        let r = one.eval(c.script.body, c.keys, c.args).await;
+        expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
+    }
+    let call = build(lines(many));
+    let reply = many.eval(call.script.body, call.keys, call.args).await;
+    let Ok(Value::Array(items)) = reply else {
+        panic!("batch reply {reply:?}")
+    };
+    let got: Vec<String> = items
+        .into_iter()
+        .map(|v| show(Ok(v)).replace(&many.prefix, "P"))
+        .collect();
+    assert_eq!(expected, got, "one by one vs batched");
+    assert_eq!(
+        strip(&one.dump().await, &one.prefix),
+        strip(&many.dump().await, &many.prefix),
+        "the same keys afterwards"
+    );
+    expected
+}
+
+/// Runs a line's call, which must not fail.
+async fn run(r: &TestRedis, c: Call) {
+    r.eval(c.script.body, c.keys, c.args)
+        .await
+        .expect("a line run alone");
 }
