@@ -3,6 +3,7 @@
 //! The places that break are marked `#[cfg(feature = "mutants")]` where
 //! they are: `pipeline/lane.rs` (commit-early, start-below-committed), `kafka/publisher.rs`
 //! (no-ack-wait), `ledger/scripts.rs` (double-deduct, forget-corrupt, coalesce-skip-check,
+//! batch-promo-stale,
 //! bucket-no-gift-memo),
 //! `kafka/transaction.rs` (boundary-commits-past-hole), `kafka/membership.rs`
 //! (commit-unfenced).

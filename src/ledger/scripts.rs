@@ -68,6 +68,18 @@ impl Script {
         } else {
             body
         };
+        #[cfg(feature = "mutants")] // TEST-ONLY mutant: a promotion kept too long.
+        let body = if (name == "rollback_batch" || name == "release_batch")
+            && crate::mutants::mutant("batch-promo-stale")
+        {
+            assert!(
+                body.contains(FORGET_PROMOS.0),
+                "batch-promo-stale: {name}.lua changed"
+            );
+            String::leak(body.replace(FORGET_PROMOS.0, FORGET_PROMOS.1))
+        } else {
+            body
+        };
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: corrupt data is not remembered.
         let body = if crate::mutants::mutant("forget-corrupt") {
             assert!(
@@ -121,6 +133,18 @@ const DOUBLE_DEDUCT_FRESH: &str =
 const COALESCE_RUNNING: (&str, &str) = (
     "p[field] = p[field] + tonumber(by)",
     "-- (mutant coalesce-skip-check) the running balance stays as read",
+);
+
+/// TEST-ONLY (feature `mutants`): in lua/rollback_batch.lua and
+/// lua/release_batch.lua, the line that drops the promotions the in-line
+/// lines read when a line is handed to the single script's body (which may
+/// give units back). Without it, a later in-line line of that promotion
+/// answers (a refund's remaining budget) or credits (a release, capped at
+/// the initial amount) from what was read before.
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+const FORGET_PROMOS: (&str, &str) = (
+    "  if not ok or r == nil then promos = {} end\n",
+    "  -- (mutant batch-promo-stale) the promotions read are kept\n",
 );
 
 /// The line that wraps lua/deduct.lua's body into a function of
@@ -542,13 +566,15 @@ mod tests {
         assert!(include_str!("../../lua/lib.lua").contains(REMEMBER_CORRUPT));
     }
 
-    /// The coalesce-skip-check mutant and the double-deduct mutant patch
-    /// these texts of the batch script.
+    /// The coalesce-skip-check, double-deduct and batch-promo-stale mutants
+    /// patch these texts of the batch scripts.
     #[test]
     fn the_batch_mutants_find_their_text() {
         assert!(DEDUCT_BATCH.body.contains(COALESCE_RUNNING.0));
         assert!(DEDUCT_BATCH.body.contains(DEDUCT_ONE));
         assert!(DEDUCT_BATCH.body.contains(FRESH_MEMO_READ));
+        assert!(ROLLBACK_BATCH.body.contains(FORGET_PROMOS.0));
+        assert!(RELEASE_BATCH.body.contains(FORGET_PROMOS.0));
     }
 
     /// Each operation's script keeps its own operation, signature and
