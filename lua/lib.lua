@@ -130,6 +130,22 @@ local function read_promotion(key)
   return p
 end
 
+-- read_promotion through `kept` (key -> the promotion a batch read before in this
+-- call, false: none): true and the promotion (nil: none), or false when the read
+-- failed (not kept). For a batch's lines decided in-line, which write a promotion
+-- only through `credit` or not at all; the batch empties `kept` when another line
+-- runs.
+local function kept_promotion(kept, key)
+  local promo = kept[key]
+  if promo == nil then
+    local ok
+    ok, promo = pcall(read_promotion, key)
+    if not ok then return false end
+    kept[key] = promo or false
+  end
+  return true, promo or nil
+end
+
 -- promo:{P}:used:{C}: nil when absent.
 local function read_used(key)
   local v = read_string(key)

@@ -41,24 +41,17 @@ end
 -- refund results, another customer, corrupt data, a malformed argument) is handed,
 -- before anything of it is written, to release.lua's body: nil.
 --
--- The promotions these in-line lines read, by key (false: none), parsed and
+-- The promotions these in-line lines read (lib.lua's kept_promotion), parsed and
 -- checked once a call; `credit` keeps a kept table's budget and stock equal to the
--- hash's, and an in-line line writes the promotion only through it. Only a read
--- that succeeded is kept; a line handed over (whose body writes as it will) or
--- failed empties it.
+-- hash's, and an in-line line writes the promotion only through it. A line handed
+-- over (whose body writes as it will) or failed empties it.
 local promos = {}
 local function plain(kb, ab)
   local event, ttl, customer = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3]
   if not (event_id(event) and ttl ~= '0' and canonical(ttl) and event_id(customer)) then return nil end
   local k_promo, k_used, k_record, k_memo = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4]
-  local ok
-  local promo = promos[k_promo]
-  if promo == nil then
-    ok, promo = pcall(read_promotion, k_promo)
-    if not ok then return nil end
-    promos[k_promo] = promo or false
-  end
-  promo = promo or nil
+  local ok, promo = kept_promotion(promos, k_promo)
+  if not ok then return nil end
   local used
   ok, used = pcall(read_used, k_used)
   if not ok then return nil end

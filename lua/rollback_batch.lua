@@ -45,10 +45,10 @@ end
 -- key of another type, corrupt data, a malformed argument) is handed, before
 -- anything of it is written, to rollback.lua's body: nil.
 --
--- The promotions these in-line lines read, by key (false: none), parsed and
+-- The promotions these in-line lines read (lib.lua's kept_promotion), parsed and
 -- checked once a call: an in-line line writes no promotion, so a later one of the
--- same promotion would read the same hash. Only a read that succeeded is kept; a
--- line handed over (whose body may give units back) empties it.
+-- same promotion would read the same hash. A line handed over (whose body may give
+-- units back) or failed empties it.
 local promos = {}
 local function no_deduction(kb, ab)
   local budget, stock, record_ttl, refund_ttl = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4]
@@ -64,14 +64,8 @@ local function no_deduction(kb, ab)
   local k_promo, k_memo, k_record = KEYS[kb + 1], KEYS[kb + 4], KEYS[kb + 3]
   if redis.pcall('GET', k_memo) ~= false then return nil end
   if redis.pcall('GET', k_record) ~= false then return nil end
-  local promo = promos[k_promo]
-  if promo == nil then
-    local ok
-    ok, promo = pcall(read_promotion, k_promo)
-    if not ok then return nil end
-    promos[k_promo] = promo or false
-  end
-  if not pcall(read_used, KEYS[kb + 2]) then return nil end
+  local ok, promo = kept_promotion(promos, k_promo)
+  if not ok or not pcall(read_used, KEYS[kb + 2]) then return nil end
   if nk == 5 then
     index_record(KEYS[kb + 5], ARGV[ab + 7], ARGV[ab + 8], record_ttl, function(read)
       remembering_corrupt(k_memo, 'rejected ' .. CORRUPT_REASON, refund_ttl, read)

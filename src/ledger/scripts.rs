@@ -59,49 +59,52 @@ impl Script {
             body
         };
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a coalesced line skips its own check.
-        let body = if name == "deduct_batch" && crate::mutants::mutant("coalesce-skip-check") {
-            assert!(
-                body.contains(COALESCE_RUNNING.0),
-                "coalesce-skip-check: deduct_batch.lua changed"
-            );
-            String::leak(body.replace(COALESCE_RUNNING.0, COALESCE_RUNNING.1))
-        } else {
-            body
-        };
+        let body = patched(
+            body,
+            name,
+            "coalesce-skip-check",
+            &["deduct_batch"],
+            COALESCE_RUNNING,
+        );
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a promotion kept too long.
-        let body = if (name == "rollback_batch" || name == "release_batch")
-            && crate::mutants::mutant("batch-promo-stale")
-        {
-            assert!(
-                body.contains(FORGET_PROMOS.0),
-                "batch-promo-stale: {name}.lua changed"
-            );
-            String::leak(body.replace(FORGET_PROMOS.0, FORGET_PROMOS.1))
-        } else {
-            body
-        };
+        let body = patched(
+            body,
+            name,
+            "batch-promo-stale",
+            &["rollback_batch", "release_batch"],
+            FORGET_PROMOS,
+        );
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: corrupt data is not remembered.
-        let body = if crate::mutants::mutant("forget-corrupt") {
-            assert!(
-                body.contains(REMEMBER_CORRUPT),
-                "forget-corrupt: lib.lua changed"
-            );
-            String::leak(body.replace(REMEMBER_CORRUPT, ""))
-        } else {
-            body
-        };
+        let body = patched(body, name, "forget-corrupt", &[], (REMEMBER_CORRUPT, ""));
         #[cfg(feature = "mutants")] // TEST-ONLY mutant: a give leaves no "moved on" memo.
-        let body = if name == "bucket" && crate::mutants::mutant("bucket-no-gift-memo") {
-            assert!(
-                body.contains(GIFT_MEMO),
-                "bucket-no-gift-memo: bucket.lua changed"
-            );
-            String::leak(body.replace(GIFT_MEMO, ""))
-        } else {
-            body
-        };
+        let body = patched(
+            body,
+            name,
+            "bucket-no-gift-memo",
+            &["bucket"],
+            (GIFT_MEMO, ""),
+        );
         Script::composed(name, String::leak(cut_unused(body)))
     }
+}
+
+/// TEST-ONLY (feature `mutants`): `body` with `from` replaced by `to` when
+/// `mutant` is the one chosen and script `name` is one of `scripts` (empty:
+/// every script); panics when the text to replace is gone, so that a changed
+/// script never leaves the mutant silently the real build.
+#[cfg(feature = "mutants")]
+fn patched(
+    body: &'static str,
+    name: &str,
+    mutant: &str,
+    scripts: &[&str],
+    (from, to): (&str, &str),
+) -> &'static str {
+    if !(scripts.is_empty() || scripts.contains(&name)) || !crate::mutants::mutant(mutant) {
+        return body;
+    }
+    assert!(body.contains(from), "{mutant}: {name}.lua changed");
+    String::leak(body.replace(from, to))
 }
 
 /// TEST-ONLY (feature `mutants`): put in front of deduct.lua, forgets the

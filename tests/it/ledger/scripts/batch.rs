@@ -6,6 +6,8 @@
 //! prefix over the same seeded promotions. Every line's reply (or error) and
 //! every key afterwards must be the same.
 
+use std::collections::BTreeMap;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -116,11 +118,7 @@ async fn one_by_one_and_batched(
     build: fn(Vec<Call>) -> Call,
     batch_seed: u64,
 ) -> (Vec<String>, Vec<String>, Vec<usize>) {
-    let mut expected = Vec::new();
-    for c in singles {
-        let r = one.eval(c.script.body, c.keys, c.args).await;
-        expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
-    }
+    let expected = one_by_one(one, singles).await;
     let (mut got, mut sizes) = (Vec::new(), Vec::new());
     let mut rest = batched;
     let mut rng = StdRng::seed_from_u64(batch_seed);
@@ -129,22 +127,37 @@ async fn one_by_one_and_batched(
         let (chunk, tail) = rest.split_at(k);
         rest = tail;
         sizes.push(k);
-        let call = build(chunk.to_vec());
-        let reply = many
-            .eval(call.script.body, call.keys, call.args)
-            .await
-            .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
-        let Value::Array(items) = reply else {
-            panic!("batch reply {reply:?}")
-        };
-        assert_eq!(items.len(), k, "one element per call");
-        got.extend(
-            items
-                .into_iter()
-                .map(|v| show(Ok(v)).replace(&many.prefix, "P")),
-        );
+        got.extend(as_one_batch(many, build(chunk.to_vec()), k).await);
     }
     (expected, got, sizes)
+}
+
+/// Each of `singles` as its own call on `one`: the replies as [`show`]
+/// gives them, the prefix replaced by "P".
+async fn one_by_one(one: &TestRedis, singles: Vec<Call>) -> Vec<String> {
+    let mut expected = Vec::new();
+    for c in singles {
+        let r = one.eval(c.script.body, c.keys, c.args).await;
+        expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
+    }
+    expected
+}
+
+/// Batch call `call` of `k` lines on `many`: its elements as [`show`] gives
+/// them, the prefix replaced by "P".
+async fn as_one_batch(many: &TestRedis, call: Call, k: usize) -> Vec<String> {
+    let reply = many
+        .eval(call.script.body, call.keys, call.args)
+        .await
+        .unwrap_or_else(|e| panic!("the batch call itself fails: {e}"));
+    let Value::Array(items) = reply else {
+        panic!("batch reply {reply:?}")
+    };
+    assert_eq!(items.len(), k, "one element per call");
+    items
+        .into_iter()
+        .map(|v| show(Ok(v)).replace(&many.prefix, "P"))
+        .collect()
 }
 
 #[tokio::test]
@@ -319,20 +332,35 @@ async fn placed(r: &TestRedis, seed_value: u64) -> StdRng {
 /// 0) while its customer's used counter is above 0.
 async fn uncounted_beside_a_used_slot(r: &TestRedis) -> bool {
     let roomy = id("roomy");
-    for key in r.dump().await.keys() {
-        if !key.contains("{roomy}") || !key.contains("}:order:") {
-            continue;
-        }
-        let rec = r.record(key).await;
+    for (promotion, _, rec) in records(r).await {
         let (Some(counted), Some(customer)) = (rec.get("counted"), rec.get("customer")) else {
             continue;
         };
+        if promotion != "roomy" || counted != "0" {
+            continue;
+        }
         let used = r.get(&r.keys().used(&roomy, &id(customer))).await;
-        if counted == "0" && used.is_some_and(|u| u != "0") {
+        if used.is_some_and(|u| u != "0") {
             return true;
         }
     }
     false
+}
+
+/// Every order record under `r`'s prefix, in key order: its promotion, its
+/// order and its fields.
+async fn records(r: &TestRedis) -> Vec<(String, String, BTreeMap<String, String>)> {
+    let mut out = Vec::new();
+    for key in r.dump().await.keys() {
+        let Some((head, order)) = key.split_once("}:order:") else {
+            continue;
+        };
+        let Some((_, promotion)) = head.rsplit_once('{') else {
+            continue;
+        };
+        out.push((promotion.to_owned(), order.to_owned(), r.record(key).await));
+    }
+    out
 }
 
 /// A deduction in place: its promotion, order and customer.
@@ -346,20 +374,13 @@ struct Held {
 /// in key order.
 async fn held(r: &TestRedis) -> Vec<Held> {
     let mut out = Vec::new();
-    for key in r.dump().await.keys() {
-        let Some((head, order)) = key.split_once("}:order:") else {
-            continue;
-        };
-        let Some((_, promotion)) = head.rsplit_once('{') else {
-            continue;
-        };
-        let rec = r.record(key).await;
+    for (promotion, order, rec) in records(r).await {
         if let (Some("deducted"), Some(customer)) =
             (rec.get("state").map(String::as_str), rec.get("customer"))
         {
             out.push(Held {
-                promotion: promotion.to_owned(),
-                order: order.to_owned(),
+                promotion,
+                order,
                 customer: customer.clone(),
             });
         }
@@ -684,20 +705,10 @@ async fn same_as_one_by_one(
     lines: impl Fn(&TestRedis) -> Vec<Call>,
     build: fn(Vec<Call>) -> Call,
 ) -> Vec<String> {
-    let mut expected = Vec::new();
-    for c in lines(one) {
-        let r = one.eval(c.script.body, c.keys, c.args).await;
-        expected.push(show(r.map_err(|e| e.details().to_owned())).replace(&one.prefix, "P"));
-    }
-    let call = build(lines(many));
-    let reply = many.eval(call.script.body, call.keys, call.args).await;
-    let Ok(Value::Array(items)) = reply else {
-        panic!("batch reply {reply:?}")
-    };
-    let got: Vec<String> = items
-        .into_iter()
-        .map(|v| show(Ok(v)).replace(&many.prefix, "P"))
-        .collect();
+    let expected = one_by_one(one, lines(one)).await;
+    let batched = lines(many);
+    let k = batched.len();
+    let got = as_one_batch(many, build(batched), k).await;
     assert_eq!(expected, got, "one by one vs batched");
     assert_eq!(
         strip(&one.dump().await, &one.prefix),
