@@ -12,6 +12,12 @@
 //! (rollback.lua) and the releases of rejected placements' lines
 //! (release.lua) are batched the same way, each by a batcher of its own, as
 //! `memo_batch.lua`, `rollback_batch.lua` and `release_batch.lua` calls.
+//! Those three have one slot each ([`Kind::slots`]): they carry about a
+//! tenth of the lines, so with a slot per connection their calls were
+//! mostly of one or two lines, and a call's fixed cost in Redis is about
+//! that of a line or two. With one, what arrives while a call is in flight
+//! goes in the next (docs/benchmarks.md, "One slot for the memo, refund and
+//! release batches").
 //!
 //! Only where one script may touch every key (a single Redis or a Sentinel
 //! primary; not a Redis Cluster, whose keys of different promotions live
@@ -57,6 +63,17 @@ impl Kind {
         }
     }
 
+    /// How many of this kind's calls may be in flight at once: one per
+    /// pooled connection for placement lines, which are most of the work;
+    /// one for the others, so that what is ready while a call is in flight
+    /// gathers into the next instead of going out as calls of a line or two.
+    fn slots(self, pool_size: usize) -> usize {
+        match self {
+            Kind::Deduct => pool_size.max(1),
+            Kind::Memo | Kind::Rollback | Kind::Release => 1,
+        }
+    }
+
     /// The script each element stands for, in its errors.
     fn one(self) -> &'static str {
         match self {
@@ -87,12 +104,15 @@ impl Batcher {
         slow: Duration,
     ) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        let slots = Arc::new(Semaphore::new(pool.size().max(1)));
+        let slots = Arc::new(Semaphore::new(kind.slots(pool.size())));
         let shape = Shape {
             max_lines: max_lines.max(1),
             linger,
         };
-        tokio::spawn(collect(kind, rx, pool, slots, shape, slow));
+        tokio::spawn(collect(rx, slots, shape, move |batch| {
+            let client = pool.next().clone();
+            async move { send(kind, &client, batch, slow).await }
+        }));
         Batcher { tx, kind }
     }
 
@@ -115,14 +135,17 @@ struct Shape {
     linger: Duration,
 }
 
-async fn collect(
-    kind: Kind,
-    mut rx: mpsc::UnboundedReceiver<Pending>,
-    pool: Pool,
+/// Forms batches from `rx` and hands each to `send`, at most `slots`'
+/// permits of them in flight at once.
+async fn collect<T, F, Fut>(
+    mut rx: mpsc::UnboundedReceiver<T>,
     slots: Arc<Semaphore>,
     shape: Shape,
-    slow: Duration,
-) {
+    mut send: F,
+) where
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     loop {
         // A free slot first: while all are busy, calls pile up into the
         // next batch.
@@ -133,9 +156,9 @@ async fn collect(
             return;
         };
         let batch = fill(&mut rx, first, shape).await;
-        let client = pool.next().clone();
+        let sent = send(batch);
         tokio::spawn(async move {
-            send(kind, &client, batch, slow).await;
+            sent.await;
             drop(slot);
         });
     }
@@ -291,6 +314,65 @@ mod tests {
         let batch = fill(&mut rx, 100, shape(3, 50)).await;
         assert_eq!(batch, vec![100, 0, 1]);
         assert_eq!(start.elapsed(), Duration::from_millis(1));
+    }
+
+    /// A batch [`collect`] sent, and what ends its call.
+    type Sent = (Vec<usize>, oneshot::Sender<()>);
+
+    /// Runs [`collect`] with `slots` over a queue fed by the returned
+    /// sender; each batch it sends is reported on the returned receiver
+    /// and stays in flight until its own sender is used.
+    fn collecting(slots: usize) -> (mpsc::UnboundedSender<usize>, mpsc::UnboundedReceiver<Sent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (sent_tx, sent_rx) = mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(slots));
+        tokio::spawn(collect(rx, slots, shape(32, 0), move |batch| {
+            let (done, wait) = oneshot::channel();
+            let _ = sent_tx.send((batch, done));
+            async move {
+                let _ = wait.await;
+            }
+        }));
+        (tx, sent_rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_one_slot_what_arrives_during_a_call_goes_in_the_next() {
+        let (tx, mut sent) = collecting(1);
+        tx.send(0).unwrap();
+        let (first, done) = sent.recv().await.unwrap();
+        assert_eq!(first, vec![0]);
+        for i in 1..4 {
+            tx.send(i).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            sent.try_recv().is_err(),
+            "a second call went out while the first was in flight"
+        );
+        done.send(()).unwrap();
+        let (second, _done) = sent.recv().await.unwrap();
+        assert_eq!(second, vec![1, 2, 3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_two_slots_a_second_call_goes_out_beside_the_first() {
+        let (tx, mut sent) = collecting(2);
+        tx.send(0).unwrap();
+        let (first, _done) = sent.recv().await.unwrap();
+        assert_eq!(first, vec![0]);
+        tx.send(1).unwrap();
+        let (second, _done2) = sent.recv().await.unwrap();
+        assert_eq!(second, vec![1]);
+    }
+
+    #[test]
+    fn placement_lines_get_a_slot_per_connection_the_others_one() {
+        assert_eq!(Kind::Deduct.slots(4), 4);
+        assert_eq!(Kind::Deduct.slots(0), 1);
+        for kind in [Kind::Memo, Kind::Rollback, Kind::Release] {
+            assert_eq!(kind.slots(4), 1, "{kind:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
