@@ -70,8 +70,9 @@ pub struct Opts {
     latency_events: Option<u64>,
     /// Events of an unmeasured spread run before the measured ones (0: none).
     /// A broker JVM fresh from its start spent 2.5x its usual CPU per event
-    /// in the first run (JIT warm-up): 81 against 32 µs per spread event.
-    #[arg(long, default_value_t = 20_000)]
+    /// in the first run (JIT warm-up): 81 against 32 µs per spread event;
+    /// 20,000 events did not settle it (docs/benchmarks.md, step 0).
+    #[arg(long, default_value_t = 200_000)]
     warmup_events: u64,
     /// Offered load of the latency run, events/s (default: half the spread maximum).
     #[arg(long)]
