@@ -36,8 +36,9 @@ pub struct Child {
 /// Starts `bin args...` with every `DEDUCTOR_*` variable of this process
 /// removed (the bench passes its settings as flags), output to `log`.
 /// `metrics_port`: deductor's /metrics, scraped every 2 s while it runs,
-/// as Prometheus would (a scrape also drains the histogram samples that the
-/// exporter keeps until then); the last text is kept ([`Child::last_metrics`]).
+/// as Prometheus would (the service folds its histogram samples into their
+/// buckets every second itself, `ops::http::spawn_upkeep`, so the scrapes
+/// no longer bound its memory); the last text is kept ([`Child::last_metrics`]).
 pub fn spawn(
     bin: &Path,
     args: &[String],
