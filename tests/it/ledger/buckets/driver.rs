@@ -296,3 +296,93 @@ async fn a_bucket_step_the_replicas_did_not_confirm_stops_the_walk() {
 async fn a_bucket_step_the_replicas_did_not_confirm_stops_the_walk_on_a_cluster() {
     a_step_not_confirmed_stops_the_walk(cluster().await).await;
 }
+
+/// A bucket's slot being migrated (found by the chaos suite's Cluster gate
+/// run: a node added and slots moved onto it while events flowed, and a
+/// consumer stopped on "ERR Script attempted to access a non local key in a
+/// cluster node"). lua/bucket.lua declares one key and touches others of
+/// its slot, which a node checks only as each is touched: on the source of
+/// a migration, a key not there (moved already, or new) was refused half-way
+/// through the call, a fatal error after the call's earlier writes. Every
+/// call now asks for two keys nobody writes first, refused while the slot
+/// moves: the call replies TRYAGAIN (retryable) before it reads or writes
+/// anything, and decides once the slot is stable again. On a Cluster of the
+/// test's own, so the shared one is never left mid-migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_call_in_a_slot_being_migrated_is_refused_before_it_writes() {
+    use crate::common::redis::{settings, unique_prefix};
+    use crate::common::replication::{cli, ReplicatedCluster};
+    use deductor::ledger::Ledger;
+    use deductor_testkit::redis_cli::cluster_primaries;
+
+    let own = ReplicatedCluster::start().await;
+    let url = own.url();
+    let seed = own.nodes[0].port;
+    let ledger = Ledger::connect(&settings(&url, &unique_prefix()))
+        .await
+        .expect("the test's own Cluster");
+    let mut r = TestRedis::of_ledger(ledger, &url).await;
+    r.cluster = true;
+    let client = r.pool().next().clone();
+    let keys = create(&r, "moving", Units::new(100, 9), 1).await;
+
+    // Every bucket's slot MIGRATING from its primary to another one.
+    let primaries = cluster_primaries(seed);
+    let mut moving = Vec::new();
+    for key in &keys {
+        let slot: u16 = cli(seed, &["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .expect("CLUSTER KEYSLOT");
+        let source = primaries
+            .iter()
+            .find(|p| p.serves(slot))
+            .expect("the slot's primary");
+        let target = primaries
+            .iter()
+            .find(|p| p.id != source.id)
+            .expect("another primary");
+        let s = slot.to_string();
+        let importing = ["CLUSTER", "SETSLOT", &s, "IMPORTING", &source.id];
+        assert_eq!(cli(target.port, &importing), "OK");
+        let migrating = ["CLUSTER", "SETSLOT", &s, "MIGRATING", &target.id];
+        assert_eq!(cli(source.port, &migrating), "OK");
+        moving.push((s, source.port, target.port));
+    }
+
+    let b = Buckets {
+        client: &client,
+        keys: keys.clone(),
+        ttl_secs: 3_600,
+        gate: None,
+    };
+    let (o, c) = (id("o-moving".to_owned()), id("c-moving".to_owned()));
+    let one = Units::new(1, 1);
+    let mut p = Place::new(o.clone(), c.clone(), one, K);
+    let e = drive(&b, &mut p)
+        .await
+        .expect_err("every bucket's slot is moving");
+    assert_eq!(e.class(), ErrorClass::Busy, "retryable, not fatal: {e}");
+    assert!(e.to_string().contains("TRYAGAIN"), "{e}");
+    assert_eq!(
+        holdings(&r, &keys).await,
+        (Units::new(100, 9), Units::ZERO, Units::ZERO),
+        "nothing written"
+    );
+
+    // The migrations called off: the same event is decided, once.
+    for (s, source, target) in &moving {
+        assert_eq!(cli(*target, &["CLUSTER", "SETSLOT", s, "STABLE"]), "OK");
+        assert_eq!(cli(*source, &["CLUSTER", "SETSLOT", s, "STABLE"]), "OK");
+    }
+    let mut again = Place::new(o, c, one, K);
+    let report = drive(&b, &mut again).await.expect("the retried walk");
+    assert!(
+        matches!(report, Report::Done(Outcome::Placed(Placed::Accepted(_)))),
+        "{report:?}"
+    );
+    assert_eq!(
+        holdings(&r, &keys).await,
+        (Units::new(99, 8), Units::ZERO, Units::ZERO),
+        "one unit deducted, once"
+    );
+}
