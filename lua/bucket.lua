@@ -913,10 +913,15 @@ end
 local function stable_slot()
   local r = redis.pcall('EXISTS', B .. ':probe:a', B .. ':probe:b')
   if type(r) == 'table' and r.err then
-    -- (An ACL without EXISTS is the operator's to fix: its NOPERM as it is.)
-    if string.find(r.err, 'NOPERM', 1, true) then error(r, 0) end
-    if string.find(r.err, 'cluster is down', 1, true) then fail('CLUSTERDOWN ' .. B .. ': ' .. r.err) end
-    fail('TRYAGAIN ' .. B .. ' is in a slot being migrated: ' .. r.err)
+    local e = r.err
+    -- An ACL without EXISTS is the operator's to fix (Redis 7.0 says "can't run
+    -- this command", later versions and Valkey "ACL failure"): refused as such.
+    if string.find(e, 'NOPERM', 1, true) or string.find(e, 'ACL failure', 1, true)
+        or string.find(e, "can't run this command", 1, true) then
+      fail('NOPERM ' .. B .. ': ' .. e)
+    end
+    if string.find(e, 'cluster is down', 1, true) then fail('CLUSTERDOWN ' .. B .. ': ' .. e) end
+    fail('TRYAGAIN ' .. B .. ' is in a slot being migrated: ' .. e)
   end
 end
 
