@@ -23,20 +23,11 @@ use crate::common::replication::{cli, ReplicatedCluster};
 use crate::common::{kafka, service};
 use deductor::admin::PromoSpec;
 use deductor::domain::event::Id;
-use deductor_testkit::redis_cli::cluster_primaries;
+use deductor_testkit::redis_cli::{cluster_primaries, slot_owner_and_another};
 use serde_json::{json, Value};
 
 const AT: &str = "2026-11-29T10:00:00Z";
 const PROMOS: [&str; 4] = ["hot", "p2", "p3", "p4"];
-
-/// `(node id, port)` of the primary serving `slot`.
-fn owner(port: u16, slot: u16) -> (String, u16) {
-    cluster_primaries(port)
-        .into_iter()
-        .find(|p| p.serves(slot))
-        .map(|p| (p.id, p.port))
-        .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
-}
 
 /// The primaries' `(node id, port)`.
 fn primaries(port: u16) -> Vec<(String, u16)> {
@@ -97,11 +88,9 @@ async fn a_slot_migration_of_the_hot_promotion_is_waited_out() {
     let slot: u16 = cli(seed_port, &["CLUSTER", "KEYSLOT", &hot_key])
         .parse()
         .expect("CLUSTER KEYSLOT");
-    let (source_id, source) = owner(seed_port, slot);
-    let (target_id, target) = primaries(seed_port)
-        .into_iter()
-        .find(|(id, _)| *id != source_id)
-        .expect("another primary");
+    let (owner, other) = slot_owner_and_another(seed_port, slot);
+    let (source_id, source) = (owner.id, owner.port);
+    let (target_id, target) = (other.id, other.port);
 
     let settings = f.settings(&[
         ("retry.initial_interval_ms", "50"),

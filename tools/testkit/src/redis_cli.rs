@@ -81,6 +81,29 @@ pub fn cluster_primaries(port: u16) -> Vec<Primary> {
     parse_primaries(&cli(port, &["CLUSTER", "NODES"]))
 }
 
+/// The primary serving `slot` and another primary, as the node on `port`
+/// knows them: the source and the target of a slot move. Each is one that
+/// says so itself (`ROLE`): just after a Cluster with replicas is created,
+/// another node may still list a replica as a primary without slots, and
+/// `CLUSTER SETSLOT` on it answers "Please use SETSLOT only with masters".
+/// Panics (a test's setup failed) when there are not two.
+pub fn slot_owner_and_another(port: u16, slot: u16) -> (Primary, Primary) {
+    let primaries: Vec<Primary> = cluster_primaries(port)
+        .into_iter()
+        .filter(|p| cli(p.port, &["ROLE"]).lines().next() == Some("master"))
+        .collect();
+    let owner = primaries
+        .iter()
+        .find(|p| p.serves(slot))
+        .unwrap_or_else(|| panic!("no primary serves slot {slot}: {primaries:?}"))
+        .clone();
+    let other = primaries
+        .into_iter()
+        .find(|p| p.id != owner.id)
+        .unwrap_or_else(|| panic!("no primary besides {} ({})", owner.id, owner.port));
+    (owner, other)
+}
+
 /// [`cluster_primaries`] of a `CLUSTER NODES` text: `<id> <ip:port@bus[,host]>
 /// <flags> <master> <ping> <pong> <epoch> <link> <slot ranges...>`; a range
 /// in brackets is a slot being migrated or imported, not served.

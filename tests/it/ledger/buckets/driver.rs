@@ -313,7 +313,7 @@ async fn a_bucket_call_in_a_slot_being_migrated_is_refused_before_it_writes() {
     use crate::common::redis::{settings, unique_prefix};
     use crate::common::replication::{cli, ReplicatedCluster};
     use deductor::ledger::Ledger;
-    use deductor_testkit::redis_cli::cluster_primaries;
+    use deductor_testkit::redis_cli::slot_owner_and_another;
 
     let own = ReplicatedCluster::start().await;
     let url = own.url();
@@ -327,20 +327,12 @@ async fn a_bucket_call_in_a_slot_being_migrated_is_refused_before_it_writes() {
     let keys = create(&r, "moving", Units::new(100, 9), 1).await;
 
     // Every bucket's slot MIGRATING from its primary to another one.
-    let primaries = cluster_primaries(seed);
     let mut moving = Vec::new();
     for key in &keys {
         let slot: u16 = cli(seed, &["CLUSTER", "KEYSLOT", key])
             .parse()
             .expect("CLUSTER KEYSLOT");
-        let source = primaries
-            .iter()
-            .find(|p| p.serves(slot))
-            .expect("the slot's primary");
-        let target = primaries
-            .iter()
-            .find(|p| p.id != source.id)
-            .expect("another primary");
+        let (source, target) = slot_owner_and_another(seed, slot);
         let s = slot.to_string();
         let importing = ["CLUSTER", "SETSLOT", &s, "IMPORTING", &source.id];
         assert_eq!(cli(target.port, &importing), "OK");

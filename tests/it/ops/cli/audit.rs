@@ -357,17 +357,9 @@ async fn audit_refuses_a_slot_being_migrated() {
     let slot = cli(port0, &["CLUSTER", "KEYSLOT", &key]);
     // The primaries: the slot's owner and another one.
     let slot_n: u16 = slot.parse().expect("a slot number");
-    let primaries = deductor_testkit::redis_cli::cluster_primaries(port0);
-    let owner = primaries
-        .iter()
-        .find(|p| p.serves(slot_n))
-        .expect("the owner");
-    let other = primaries
-        .iter()
-        .find(|p| !p.serves(slot_n))
-        .expect("another primary");
-    let (source_id, source) = (owner.id.clone(), owner.port);
-    let (target_id, target) = (other.id.clone(), other.port);
+    let (owner, other) = deductor_testkit::redis_cli::slot_owner_and_another(port0, slot_n);
+    let (source_id, source) = (owner.id, owner.port);
+    let (target_id, target) = (other.id, other.port);
     let before = audit_one(&ledger, &p).await.expect("audit before");
     assert!(before.breaches.is_empty(), "{before:?}");
 
