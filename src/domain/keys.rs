@@ -55,7 +55,7 @@ impl Keys {
 
     /// `promo:{P}`
     pub fn promotion(&self, p: &Id) -> String {
-        format!("{}:{{{}}}", self.prefix, p)
+        self.tagged(p, &[])
     }
 
     /// `promo:{P~s}`: bucket hash of a bucketed promotion P, on its own
@@ -71,29 +71,46 @@ impl Keys {
 
     /// `promo:{P}:used:{C}`
     pub fn used(&self, p: &Id, customer: &Id) -> String {
-        format!("{}:{{{}}}:used:{}", self.prefix, p, customer)
+        self.tagged(p, &[":used:", customer.as_str()])
     }
 
     /// `promo:{P}:order:{O}`
     pub fn record(&self, p: &Id, order: &Id) -> String {
-        format!("{}:{{{}}}:order:{}", self.prefix, p, order)
+        self.tagged(p, &[":order:", order.as_str()])
     }
 
     /// `promo:{P}:refund:{E}`
     pub fn refund(&self, p: &Id, event: &Id) -> String {
-        format!("{}:{{{}}}:refund:{}", self.prefix, p, event)
+        self.tagged(p, &[":refund:", event.as_str()])
     }
 
     /// `promo:{P}:rejected:{E}`
     pub fn rejected(&self, p: &Id, event: &Id) -> String {
-        format!("{}:{{{}}}:rejected:{}", self.prefix, p, event)
+        self.tagged(p, &[":rejected:", event.as_str()])
     }
 
     /// `promo:{P}:index:<day>`: the order ids of P's records created on
     /// that unix day (`deduct.lua` on a standalone server), which `audit P`
     /// reads instead of scanning the keyspace.
     pub fn index(&self, p: &Id, day: u64) -> String {
-        format!("{}:{{{}}}:index:{}", self.prefix, p, day)
+        self.tagged(p, &[":index:", itoa::Buffer::new().format(day)])
+    }
+
+    /// `<prefix>:{P}` followed by `parts`, built at its exact length: the
+    /// line keys are made for every line of every event, and `format!`
+    /// grew its buffer two or three times for each.
+    fn tagged(&self, p: &Id, parts: &[&str]) -> String {
+        let len =
+            self.prefix.len() + 3 + p.as_str().len() + parts.iter().map(|s| s.len()).sum::<usize>();
+        let mut key = String::with_capacity(len);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(p.as_str());
+        key.push('}');
+        for part in parts {
+            key.push_str(part);
+        }
+        key
     }
 
     /// KEYS of `deduct.lua` and `release.lua` for one placement line.
@@ -134,9 +151,12 @@ impl Default for Keys {
 }
 
 impl LineKeys {
-    /// The four keys in KEYS order, moved (one script call per line: no copy).
+    /// The four keys in KEYS order, moved (one script call per line: no
+    /// copy), with room for a fifth (the day index a line script may take).
     pub fn into_vec(self) -> Vec<String> {
-        vec![self.promotion, self.used, self.record, self.memo]
+        let mut keys = Vec::with_capacity(5);
+        keys.extend([self.promotion, self.used, self.record, self.memo]);
+        keys
     }
 
     pub fn as_vec(&self) -> Vec<String> {
@@ -167,6 +187,13 @@ mod tests {
         assert_eq!(k.record(&p, &o), "promo:{flash-42}:order:o-77");
         assert_eq!(k.refund(&p, &e), "promo:{flash-42}:refund:e-1");
         assert_eq!(k.rejected(&p, &e), "promo:{flash-42}:rejected:e-1");
+        assert_eq!(k.index(&p, 20_429), "promo:{flash-42}:index:20429");
+        assert_eq!(k.index(&p, 0), "promo:{flash-42}:index:0");
+        assert_eq!(
+            k.index(&p, u64::MAX),
+            format!("promo:{{flash-42}}:index:{}", u64::MAX)
+        );
+        assert_eq!(Keys::new("a").promotion(&p), "a:{flash-42}");
     }
 
     #[test]

@@ -84,7 +84,9 @@ fn with_index(
 pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -> Call {
     let k = keys.deduct_line(&line.promotion_id, &h.order_id, &h.customer_id, &h.event_id);
     let key_list = k.into_vec();
-    let args = vec![
+    // Room for the index's two (with_index): no second allocation.
+    let mut args = Vec::with_capacity(9);
+    args.extend([
         line.budget.to_string(),
         line.stock.to_string(),
         h.occurred_at.to_string(),
@@ -92,7 +94,7 @@ pub fn deduct(keys: &Keys, ttl: &Ttls, h: &Header, line: &PlaceLine, day: u64) -
         ttl.record.clone(),
         ttl.refund.clone(),
         h.customer_id.to_string(),
-    ];
+    ]);
     with_index(
         &scripts::DEDUCT,
         keys,

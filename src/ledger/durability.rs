@@ -90,12 +90,11 @@ impl Ledger {
         gate: Option<Gate>,
         promotions: impl IntoIterator<Item = &'a Id>,
     ) -> Result<(), LedgerError> {
-        let keys = self.written_keys(promotions);
         let (Some(gate), Some(policy)) = (gate, self.wait_policy()) else {
             return Ok(());
         };
         let client = self.connection(&gate.order);
-        let slots = wait_slots(client, keys);
+        let slots = wait_slots(client, self.written_keys(promotions));
         let subject = gate.order.to_string();
         confirm(
             client,

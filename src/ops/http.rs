@@ -46,6 +46,7 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         )?
         .install_recorder()?;
     crate::metrics::describe();
+    crate::metrics::cache_handles();
     spawn_upkeep(handle.clone(), METRICS_UPKEEP);
     Ok(handle)
 }

@@ -138,6 +138,8 @@ fn every_rule_has_its_reason() {
         ("lines empty", with(&["lines"], json!([])), InvalidLines),
         ("33 lines", with(&["lines"], json!((0..33).map(|i| json!({"promotion_id": format!("p{i}")})).collect::<Vec<_>>())), InvalidLines),
         ("line not object", with(&["lines"], json!(["p"])), InvalidLines),
+        ("second line not object", with(&["lines"], json!([{"promotion_id": "p"}, 1])), InvalidLines),
+        ("line null", with(&["lines"], json!([null])), InvalidLines),
         ("duplicate promotion", with(&["lines", "1", "promotion_id"], json!("flash-42")), DuplicatePromotion),
         ("float", with(&["lines", "0", "budget"], json!(15.5)), InvalidAmount),
         ("float whole", with(&["lines", "0", "budget"], json!(1500.0)), InvalidAmount),
