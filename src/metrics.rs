@@ -214,14 +214,10 @@ fn with_cached<K: Eq + Hash, H>(
 }
 
 pub fn event(event_type: &'static str, outcome: &'static str) {
+    let make = || counter!(EVENTS, "type" => event_type, "outcome" => outcome);
     match HOT.get() {
-        Some(hot) => with_cached(
-            &hot.events,
-            (event_type, outcome),
-            |c| c.increment(1),
-            || counter!(EVENTS, "type" => event_type, "outcome" => outcome),
-        ),
-        None => counter!(EVENTS, "type" => event_type, "outcome" => outcome).increment(1),
+        Some(hot) => with_cached(&hot.events, (event_type, outcome), |c| c.increment(1), make),
+        None => make().increment(1),
     }
 }
 
@@ -282,8 +278,7 @@ pub const STAGES: [&str; 5] = ["fetched", "admitted", "redis", "publish", "commi
 
 /// One stage of one event (see [`EVENT_STAGE`]'s description).
 pub fn stage(stage: &'static str, seconds: f64) {
-    let cached = HOT.get().zip(STAGES.iter().position(|s| *s == stage));
-    match cached {
+    match HOT.get().zip(STAGES.iter().position(|s| *s == stage)) {
         Some((hot, i)) => hot.stages[i].record(seconds),
         None => metrics::histogram!(EVENT_STAGE, "stage" => stage).record(seconds),
     }
@@ -311,14 +306,10 @@ pub fn end_to_end(record_timestamp_ms: Option<i64>) {
 }
 
 pub fn script_duration(script: &'static str, seconds: f64) {
+    let make = || metrics::histogram!(SCRIPT_DURATION, "script" => script);
     match HOT.get() {
-        Some(hot) => with_cached(
-            &hot.scripts,
-            script,
-            |h| h.record(seconds),
-            || metrics::histogram!(SCRIPT_DURATION, "script" => script),
-        ),
-        None => metrics::histogram!(SCRIPT_DURATION, "script" => script).record(seconds),
+        Some(hot) => with_cached(&hot.scripts, script, |h| h.record(seconds), make),
+        None => make().record(seconds),
     }
 }
 

@@ -7,27 +7,7 @@
 //! allocations with a global allocator of its own, so no other test may share
 //! the process.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The system allocator, counting its allocation calls.
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use deductor_testkit::alloc::{calls, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -54,11 +34,11 @@ async fn per_event_metrics_are_recorded_through_cached_handles() {
     let now_ms = chrono::Utc::now().timestamp_millis();
     one_event(now_ms); // the first record of each labelled series registers it
     let events = 10_000;
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = calls();
     for _ in 0..events {
         one_event(now_ms);
     }
-    let made = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let made = calls() - before;
     let records = events * 9;
     assert!(
         made * 10 < records,

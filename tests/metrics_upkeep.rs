@@ -6,45 +6,12 @@
 //! counts the live heap bytes with a global allocator of its own, so no
 //! other test may share the process.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-/// The system allocator, counting the bytes it holds for the process.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        p
-    }
-}
+use deductor_testkit::alloc::{live, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
 
 /// A pod that nobody scrapes records a million events' histogram samples
 /// (two a call, as an event's stages and duration do): the heap they hold

@@ -66,7 +66,7 @@ impl Keys {
 
     /// `promo:{P}:gen`: the last incarnation number of P (`promo_set.lua`).
     pub fn generation(&self, p: &Id) -> String {
-        format!("{}:{{{}}}:gen", self.prefix, p)
+        self.tagged(p, &[":gen"])
     }
 
     /// `promo:{P}:used:{C}`
@@ -135,12 +135,12 @@ impl Keys {
 
     /// A `SCAN MATCH` pattern for every key of promotion `P`.
     pub fn promotion_pattern(&self, p: &Id) -> String {
-        format!("{}:{{{}}}*", self.prefix, p)
+        self.tagged(p, &["*"])
     }
 
     /// A `SCAN MATCH` pattern for every record of promotion `P`.
     pub fn record_pattern(&self, p: &Id) -> String {
-        format!("{}:{{{}}}:order:*", self.prefix, p)
+        self.tagged(p, &[":order:*"])
     }
 }
 

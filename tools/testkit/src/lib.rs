@@ -16,6 +16,7 @@
 //! - [`kafka_wedge`]: a TCP proxy in front of a Kafka broker that wedges one
 //!   transactional producer (its calls never answered) while the others flow.
 
+pub mod alloc;
 pub mod kafka_wedge;
 pub mod proxy;
 pub mod redis_cli;
